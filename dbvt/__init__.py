@@ -1,0 +1,12 @@
+"""dbvt: a dynamic AABB tree (DBVT) and broadphase, in Cython.
+
+`Tree` is the dynamic tree (as Bullet's btDbvt and Box2D's b2DynamicTree); `Broadphase` tracks the
+pairs of overlapping proxies as they move (as btDbvtBroadphase). `dbvt.reference` has the same API,
+computed by brute force, for checking. All results are exact on the proxies' tight boxes.
+"""
+from dbvt._broadphase import Broadphase
+from dbvt._tree import Tree
+from dbvt.frustum import frustum_planes
+
+__all__ = ["Tree", "Broadphase", "frustum_planes"]
+__version__ = "0.1.0"

@@ -1,0 +1,164 @@
+"""Argument conversion shared by `Tree`, `Broadphase` and `dbvt.reference`.
+
+Every public call converts its arguments here exactly once, so that the Cython loops can run without
+further checks and every implementation rejects the same input with the same message. A message
+always names the argument and the first offending row.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+MAX_FRUSTUM_PLANES = 32
+UINT32_MAX = 0xFFFFFFFF
+
+
+def check_dims(dims: int) -> int:
+    if dims not in (2, 3):
+        raise ValueError(f"dims must be 2 or 3, not {dims!r}")
+    return int(dims)
+
+
+def check_margin(margin: float) -> float:
+    margin = float(margin)
+    if not np.isfinite(margin) or margin < 0.0:
+        raise ValueError(f"margin must be a finite number >= 0, not {margin!r}")
+    return margin
+
+
+def as_ids(ids, name: str = "ids") -> np.ndarray:
+    """A 1-D C-contiguous uint64 array of user ids."""
+    arr = np.asarray(ids)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {arr.shape}")
+    if arr.size == 0:
+        return np.zeros(0, np.uint64)
+    if arr.dtype.kind == "i":
+        negative = np.flatnonzero(arr < 0)
+        if negative.size:
+            row = int(negative[0])
+            raise ValueError(f"{name} row {row}: id {arr[row]} is negative")
+    elif arr.dtype.kind != "u":
+        raise ValueError(f"{name} must hold integers, got dtype {arr.dtype}")
+    return np.ascontiguousarray(arr, dtype=np.uint64)
+
+
+def _as_rows(values, width: int, name: str, rows: int | None) -> np.ndarray:
+    try:
+        arr = np.asarray(values, dtype=np.float32)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{name} must be numeric: {exc}") from None
+    if arr.size == 0 and rows in (None, 0):
+        arr = arr.reshape(0, width)
+    if arr.ndim != 2 or arr.shape[1] != width:
+        raise ValueError(f"{name} must have shape (n, {width}), got {arr.shape}")
+    if rows is not None and arr.shape[0] != rows:
+        raise ValueError(f"{name} has {arr.shape[0]} rows but ids has {rows}")
+    _check_finite(arr, name)
+    return np.ascontiguousarray(arr)
+
+
+def _check_finite(arr: np.ndarray, name: str) -> None:
+    finite = np.isfinite(arr)
+    if not finite.all():
+        row = int(np.flatnonzero(~finite.reshape(arr.shape[0], -1).all(axis=1))[0])
+        raise ValueError(f"{name} row {row}: NaN or infinite value {arr[row].tolist()}")
+
+
+def as_boxes(boxes, dims: int, rows: int | None = None, name: str = "boxes") -> np.ndarray:
+    """(n, 2*dims) float32 rows [min..., max...], finite, min <= max on every axis."""
+    arr = _as_rows(boxes, 2 * dims, name, rows)
+    inverted = arr[:, :dims] > arr[:, dims:]
+    if inverted.any():
+        row = int(np.flatnonzero(inverted.any(axis=1))[0])
+        axis = int(np.flatnonzero(inverted[row])[0])
+        raise ValueError(f"{name} row {row}: min > max on axis {axis} ({arr[row].tolist()})")
+    return arr
+
+
+def as_points(points, dims: int, name: str) -> np.ndarray:
+    return _as_rows(points, dims, name, None)
+
+
+def as_segments(segments, dims: int) -> np.ndarray:
+    """(q, 2*dims) float32 rows [from..., to...]."""
+    return _as_rows(segments, 2 * dims, "segments", None)
+
+
+def as_radii(radii, rows: int) -> np.ndarray:
+    arr = np.asarray(radii, dtype=np.float32)
+    if arr.ndim == 0:
+        arr = np.full(rows, arr, np.float32)
+    if arr.shape != (rows,):
+        raise ValueError(f"radii must have shape ({rows},), got {arr.shape}")
+    if rows:
+        _check_finite(arr.reshape(rows, 1), "radii")
+        negative = np.flatnonzero(arr < 0)
+        if negative.size:
+            row = int(negative[0])
+            raise ValueError(f"radii row {row}: negative radius {arr[row]}")
+    return np.ascontiguousarray(arr)
+
+
+def as_planes(planes, dims: int) -> np.ndarray:
+    """(q, k, dims+1) float32 planes (n..., d), 1 <= k <= 32."""
+    try:
+        arr = np.asarray(planes, dtype=np.float32)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"planes must be numeric: {exc}") from None
+    if arr.size == 0 and arr.ndim != 3:
+        arr = arr.reshape(0, 1, dims + 1)
+    if arr.ndim != 3 or arr.shape[2] != dims + 1:
+        raise ValueError(f"planes must have shape (q, k, {dims + 1}), got {arr.shape}")
+    if not 1 <= arr.shape[1] <= MAX_FRUSTUM_PLANES:
+        raise ValueError(f"planes: k must be between 1 and {MAX_FRUSTUM_PLANES}, got {arr.shape[1]}")
+    if arr.shape[0]:
+        _check_finite(arr.reshape(arr.shape[0], -1), "planes")
+    return np.ascontiguousarray(arr)
+
+
+def as_uint32(value, rows: int, name: str) -> np.ndarray:
+    """A scalar or per-row array of 32-bit group/mask bits."""
+    arr = np.asarray(value)
+    if arr.dtype.kind not in "iu" and not (arr.dtype.kind == "b"):
+        raise ValueError(f"{name} must hold integers, got dtype {arr.dtype}")
+    if arr.ndim == 0:
+        arr = np.full(rows, arr, dtype=np.int64)
+    if arr.shape != (rows,):
+        raise ValueError(f"{name} must be a scalar or have shape ({rows},), got {arr.shape}")
+    bad = np.flatnonzero((arr < 0) | (arr > UINT32_MAX)) if rows else np.zeros(0, np.int64)
+    if bad.size:
+        row = int(bad[0])
+        raise ValueError(f"{name} row {row}: {arr[row]} is not a 32-bit unsigned value")
+    return np.ascontiguousarray(arr, dtype=np.uint32)
+
+
+def as_flags(value, rows: int, name: str) -> np.ndarray:
+    arr = np.asarray(value)
+    if arr.ndim == 0:
+        arr = np.full(rows, bool(arr))
+    if arr.shape != (rows,):
+        raise ValueError(f"{name} must be a scalar or have shape ({rows},), got {arr.shape}")
+    return np.ascontiguousarray(arr, dtype=np.uint8)
+
+
+def as_mask(mask) -> int:
+    """An optional query mask: None means every proxy."""
+    if mask is None:
+        return UINT32_MAX
+    mask = int(mask)
+    if not 0 <= mask <= UINT32_MAX:
+        raise ValueError(f"mask must be a 32-bit unsigned value, not {mask}")
+    return mask
+
+
+def first_duplicate(ids: np.ndarray) -> int:
+    """Row of the first id that repeats an earlier row, or -1. Used by the reference only;
+    the Cython structures find duplicates with their own hash table."""
+    if ids.size < 2:
+        return -1
+    order = np.argsort(ids, kind="stable")
+    sorted_ids = ids[order]
+    repeats = np.flatnonzero(sorted_ids[1:] == sorted_ids[:-1])
+    if not repeats.size:
+        return -1
+    return int(order[repeats + 1].min())
