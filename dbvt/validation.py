@@ -176,3 +176,18 @@ def present_id_error(row: int, id_, name: str = "ids") -> ValueError:
 
 def unknown_id_error(row: int, id_, name: str = "ids") -> KeyError:
     return KeyError(f"{name} row {row}: unknown id {id_}")
+
+
+# The id errors every implementation raises. Rows are checked in order and the first row with a
+# problem is reported: a repeat of an earlier row in the same call is a duplicate; otherwise an insert
+# of a present id, or a move/remove of an absent one, is reported as such.
+def duplicate_id(row: int, id_: int, name: str = "ids") -> ValueError:
+    return ValueError(f"{name} row {row}: id {id_} appears twice in this call")
+
+
+def already_present(row: int, id_: int, name: str = "ids") -> ValueError:
+    return ValueError(f"{name} row {row}: id {id_} is already present")
+
+
+def unknown_id(row: int, id_: int, name: str = "ids") -> KeyError:
+    return KeyError(f"{name} row {row}: unknown id {id_}")
