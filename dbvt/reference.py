@@ -1,0 +1,468 @@
+"""Brute-force twin of `dbvt.Tree` and `dbvt.Broadphase`: the oracle the tests compare the core against.
+
+Same names, arguments, result shapes, errors and messages as the Cython core (arguments go through
+`dbvt.validation` in the same order), and the same floating-point recipe for every test, so the two
+must agree bit for bit. Every answer is computed over all proxies with numpy; nothing is clever here
+except that proxies are kept sorted by id, so hits found in row order are already in id order.
+"""
+from __future__ import annotations
+
+import io
+
+import numpy as np
+
+from dbvt import validation as v
+
+# Elements per temporary (queries x proxies x axes): keeps a 10k-proxy world's scratch arrays small.
+_SCRATCH = 1 << 21
+_F64 = np.float64
+
+
+def _chunks(count: int, cost_per_item: int):
+    step = max(1, _SCRATCH // max(cost_per_item, 1))
+    for start in range(0, count, step):
+        yield start, min(count, start + step)
+
+
+def _csr(q: int, query_rows: np.ndarray, hits: np.ndarray):
+    offsets = np.zeros(q + 1, np.int64)
+    np.cumsum(np.bincount(query_rows, minlength=q), out=offsets[1:])
+    return offsets, np.ascontiguousarray(hits, dtype=np.uint64)
+
+
+def _matrix_csr(q: int, boxes: np.ndarray, ids: np.ndarray, cost: int, hit_matrix):
+    """CSR of the (q, n) boolean matrices `hit_matrix(start, stop)`, computed a few queries at a time."""
+    query_rows, proxy_rows = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+    for start, stop in _chunks(q, len(boxes) * cost):
+        qi, pi = np.nonzero(hit_matrix(start, stop))
+        query_rows.append(qi + start)
+        proxy_rows.append(pi)
+    return _csr(q, np.concatenate(query_rows), ids[np.concatenate(proxy_rows)])
+
+
+def box_hits(tight, ids, dims, queries):
+    lo, hi = tight[:, :dims], tight[:, dims:]
+
+    def overlap(a, b):
+        return ((queries[a:b, None, :dims] <= hi) & (lo <= queries[a:b, None, dims:])).all(axis=2)
+
+    return _matrix_csr(len(queries), tight, ids, dims, overlap)
+
+
+def sphere_hits(tight, ids, dims, centers, radii):
+    lo, hi = tight[:, :dims].astype(_F64), tight[:, dims:].astype(_F64)
+    r = radii.astype(_F64)
+
+    def touches(a, b):
+        c = centers[a:b, None, :].astype(_F64)
+        gap = np.minimum(np.maximum(c, lo), hi) - c
+        dist2 = gap[..., 0] * gap[..., 0]
+        for axis in range(1, dims):
+            dist2 = dist2 + gap[..., axis] * gap[..., axis]
+        return dist2 <= (r[a:b] * r[a:b])[:, None]
+
+    return _matrix_csr(len(centers), tight, ids, dims, touches)
+
+
+def _segment_entry(tight, dims, segments):
+    """(q, n) entry parameters of the slab test, +inf where the closed segment misses the box."""
+    lo, hi = tight[:, :dims].astype(_F64), tight[:, dims:].astype(_F64)
+    o = segments[:, None, :dims].astype(_F64)
+    d = segments[:, None, dims:].astype(_F64) - o
+    with np.errstate(divide="ignore", invalid="ignore"):
+        inv = 1.0 / d
+        t1, t2 = (lo - o) * inv, (hi - o) * inv
+    parallel = d == 0
+    inside = (lo <= o) & (o <= hi)
+    near = np.where(parallel, np.where(inside, -np.inf, np.inf), np.minimum(t1, t2)).max(axis=2)
+    far = np.where(parallel, np.where(inside, np.inf, -np.inf), np.maximum(t1, t2)).min(axis=2)
+    hit = (near <= far) & (far >= 0.0) & (near <= 1.0)
+    return np.where(hit, np.maximum(near, 0.0), np.inf)
+
+
+def ray_hits(tight, ids, dims, segments, first_hit):
+    q = len(segments)
+    query_rows, proxy_rows, fractions = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], [np.zeros(0)]
+    for start, stop in _chunks(q, len(tight) * dims * 4):
+        entry = _segment_entry(tight, dims, segments[start:stop])
+        qi, pi = np.nonzero(entry != np.inf)
+        query_rows.append(qi + start)
+        proxy_rows.append(pi)
+        fractions.append(entry[qi, pi])
+    qi, pi, fr = np.concatenate(query_rows), np.concatenate(proxy_rows), np.concatenate(fractions)
+    # Rows are ascending by id within a query, so sorting by (query, fraction, row) is (fraction, id).
+    order = np.lexsort((pi, fr, qi))
+    qi, pi, fr = qi[order], pi[order], fr[order]
+    if first_hit:
+        first = np.ones(len(qi), bool)
+        first[1:] = qi[1:] != qi[:-1]
+        qi, pi, fr = qi[first], pi[first], fr[first]
+    offsets, hits = _csr(q, qi, ids[pi])
+    return offsets, hits, np.ascontiguousarray(fr, dtype=_F64)
+
+
+def frustum_hits(tight, ids, dims, planes):
+    lo, hi = tight[:, :dims].astype(_F64), tight[:, dims:].astype(_F64)
+    k = planes.shape[1]
+
+    def inside(a, b):
+        p = planes[a:b, :, None, :].astype(_F64)
+        normal = p[..., :dims]
+        vertex = np.where(normal >= 0, hi, lo)
+        s = normal[..., 0] * vertex[..., 0]
+        for axis in range(1, dims):
+            s = s + normal[..., axis] * vertex[..., axis]
+        s = s + p[..., dims]
+        return (s >= 0).all(axis=1)
+
+    return _matrix_csr(len(planes), tight, ids, dims * k * 2, inside)
+
+
+def overlapping_rows(tight, dims):
+    """Row pairs (a, b) of all overlapping boxes, each unordered pair once.
+
+    A sweep along axis 0 only chooses candidates (every box whose min lies in another's [min, max]);
+    each candidate then gets the full closed-interval test on all axes.
+    """
+    n = len(tight)
+    order = np.argsort(tight[:, 0], kind="stable")
+    lo0 = tight[order, 0]
+    end = np.searchsorted(lo0, tight[order, dims], side="right")
+    count = np.maximum(end - np.arange(1, n + 1), 0)
+    total = np.cumsum(count)
+    found_a, found_b = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+    start = 0
+    while start < n:
+        done = total[start - 1] if start else 0
+        stop = max(start + 1, int(np.searchsorted(total, done + _SCRATCH, side="right")))
+        block = count[start:stop]
+        src = np.repeat(np.arange(start, stop), block)
+        dst = src + 1 + np.arange(len(src)) - np.repeat(np.cumsum(block) - block, block)
+        a, b = order[src], order[dst]
+        ok = ((tight[a, :dims] <= tight[b, dims:]) & (tight[b, :dims] <= tight[a, dims:])).all(axis=1)
+        found_a.append(a[ok])
+        found_b.append(b[ok])
+        start = stop
+    return np.concatenate(found_a), np.concatenate(found_b)
+
+
+def pair_rows(ids, a, b):
+    """(m, 2) uint64 id pairs, each row (low, high), rows sorted."""
+    x, y = ids[a], ids[b]
+    rows = np.stack([np.minimum(x, y), np.maximum(x, y)], axis=1).astype(np.uint64)
+    return np.ascontiguousarray(rows[np.lexsort((rows[:, 1], rows[:, 0]))])
+
+
+class _Proxies:
+    """Per-proxy columns kept sorted by id."""
+
+    def __init__(self, columns: dict[str, np.ndarray]):
+        self.ids = np.zeros(0, np.uint64)
+        self.columns = columns
+
+    def __len__(self):
+        return len(self.ids)
+
+    def find(self, ids: np.ndarray) -> np.ndarray:
+        """Row of each id, -1 where absent."""
+        if not len(self.ids):
+            return np.full(len(ids), -1, np.int64)
+        pos = np.searchsorted(self.ids, ids)
+        clipped = np.minimum(pos, len(self.ids) - 1)
+        return np.where(self.ids[clipped] == ids, clipped, -1).astype(np.int64)
+
+    def check_new(self, ids: np.ndarray) -> None:
+        _check_unique(ids)
+        present = np.flatnonzero(self.find(ids) >= 0)
+        if present.size:
+            row = int(present[0])
+            raise v.present_id_error(row, ids[row])
+
+    def rows_of(self, ids: np.ndarray, unique: bool = True) -> np.ndarray:
+        if unique:
+            _check_unique(ids)
+        rows = self.find(ids)
+        missing = np.flatnonzero(rows < 0)
+        if missing.size:
+            row = int(missing[0])
+            raise v.unknown_id_error(row, ids[row])
+        return rows
+
+    def add(self, ids: np.ndarray, **values: np.ndarray) -> None:
+        merged = np.concatenate([self.ids, ids])
+        order = np.argsort(merged, kind="stable")
+        self.ids = merged[order]
+        for name, column in self.columns.items():
+            self.columns[name] = np.concatenate([column, values[name]])[order]
+
+    def delete(self, rows: np.ndarray) -> None:
+        keep = np.ones(len(self.ids), bool)
+        keep[rows] = False
+        self.ids = self.ids[keep]
+        for name, column in self.columns.items():
+            self.columns[name] = column[keep]
+
+    def dump(self) -> dict[str, np.ndarray]:
+        return {"ids": self.ids, **self.columns}
+
+    def load(self, arrays) -> None:
+        self.ids = np.asarray(arrays["ids"], np.uint64)
+        for name, column in self.columns.items():
+            self.columns[name] = np.asarray(arrays[name], column.dtype)
+
+    def check(self, dims: int) -> None:
+        if len(self.ids) > 1 and not (self.ids[1:] > self.ids[:-1]).all():
+            raise RuntimeError("ids are not strictly ascending")
+        for name, column in self.columns.items():
+            if len(column) != len(self.ids):
+                raise RuntimeError(f"column {name} has {len(column)} rows for {len(self.ids)} ids")
+        tight = self.columns["tight"]
+        if not np.isfinite(tight).all() or (tight[:, :dims] > tight[:, dims:]).any():
+            raise RuntimeError("a tight box is not finite or is inverted")
+
+
+def _check_unique(ids: np.ndarray) -> None:
+    row = v.first_duplicate(ids)
+    if row >= 0:
+        raise v.duplicate_id_error(row, ids[row])
+
+
+def _load_arrays(data: bytes, kind: str, keys) -> dict[str, np.ndarray]:
+    try:
+        with np.load(io.BytesIO(bytes(data)), allow_pickle=False) as archive:
+            arrays = {key: archive[key] for key in archive.files}
+    except Exception as exc:
+        raise ValueError(f"not a serialized reference {kind}: {exc}") from None
+    if arrays.get("kind") is None or str(arrays["kind"]) != kind or not set(keys) <= set(arrays):
+        raise ValueError(f"not a serialized reference {kind}")
+    return arrays
+
+
+def _save_arrays(**arrays) -> bytes:
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    return buffer.getvalue()
+
+
+class _Structure:
+    """What Tree and Broadphase share: storage of tight boxes by id and the four queries."""
+
+    _kind = ""
+
+    def __init__(self, dims: int, margin: float, **columns: np.ndarray):
+        self._dims = v.check_dims(dims)
+        self._margin = v.check_margin(margin)
+        self._proxies = _Proxies({"tight": np.zeros((0, 2 * self._dims), np.float32), **columns})
+
+    @property
+    def dims(self) -> int:
+        return self._dims
+
+    @property
+    def margin(self) -> float:
+        return self._margin
+
+    def __len__(self) -> int:
+        return len(self._proxies)
+
+    def __contains__(self, id_) -> bool:
+        try:
+            value = int(id_)
+        except (TypeError, ValueError):
+            return False
+        if not 0 <= value < 2**64:
+            return False
+        return bool(self._proxies.find(np.array([value], np.uint64))[0] >= 0)
+
+    def get(self, ids) -> np.ndarray:
+        ids = v.as_ids(ids)
+        rows = self._proxies.rows_of(ids, unique=False)
+        return self._proxies.columns["tight"][rows].copy()
+
+    def rebuild(self) -> None:
+        """Nothing to rebuild: brute force has no hierarchy."""
+
+    def stats(self) -> dict:
+        n = len(self._proxies)
+        memory = self._proxies.ids.nbytes + sum(c.nbytes for c in self._proxies.columns.values())
+        return {"proxies": n, "nodes": n, "height": 0, "area_ratio": 1.0, "memory_bytes": int(memory)}
+
+    def _visible(self, mask) -> np.ndarray:
+        return np.ones(len(self._proxies), bool)
+
+    def _query_set(self, mask):
+        keep = self._visible(mask)
+        return self._proxies.columns["tight"][keep], self._proxies.ids[keep]
+
+    def _aabb(self, boxes, mask=None):
+        queries = v.as_boxes(boxes, self._dims)
+        return box_hits(*self._query_set(v.as_mask(mask)), self._dims, queries)
+
+    def _sphere(self, centers, radii, mask=None):
+        centers = v.as_points(centers, self._dims, "centers")
+        radii = v.as_radii(radii, len(centers))
+        return sphere_hits(*self._query_set(v.as_mask(mask)), self._dims, centers, radii)
+
+    def _ray(self, segments, first_hit=False, mask=None):
+        segments = v.as_segments(segments, self._dims)
+        return ray_hits(*self._query_set(v.as_mask(mask)), self._dims, segments, bool(first_hit))
+
+    def _frustum(self, planes, mask=None):
+        planes = v.as_planes(planes, self._dims)
+        return frustum_hits(*self._query_set(v.as_mask(mask)), self._dims, planes)
+
+    def _dump(self, **extra) -> bytes:
+        return _save_arrays(kind=np.array(self._kind), dims=np.array(self._dims),
+                            margin=np.array(self._margin), **self._proxies.dump(), **extra)
+
+    @classmethod
+    def _restore(cls, data: bytes, keys):
+        arrays = _load_arrays(data, cls._kind, ("dims", "margin", "ids", "tight", *keys))
+        made = cls(dims=int(arrays["dims"]), margin=float(arrays["margin"]))
+        made._proxies.load(arrays)
+        return made, arrays
+
+
+class Tree(_Structure):
+    """Brute-force `dbvt.Tree`: fat boxes are modelled only to count reinsertions in `update`."""
+
+    _kind = "Tree"
+
+    def __init__(self, dims: int = 3, margin: float = 0.0):
+        super().__init__(dims, margin, fat=np.zeros((0, 2 * v.check_dims(dims)), np.float32))
+
+    def _fatten(self, boxes: np.ndarray) -> np.ndarray:
+        grow = np.float32(self._margin)
+        return np.concatenate([boxes[:, :self._dims] - grow, boxes[:, self._dims:] + grow], axis=1)
+
+    def insert(self, ids, boxes) -> None:
+        ids = v.as_ids(ids)
+        boxes = v.as_boxes(boxes, self._dims, len(ids))
+        self._proxies.check_new(ids)
+        self._proxies.add(ids, tight=boxes, fat=self._fatten(boxes))
+
+    def update(self, ids, boxes) -> int:
+        ids = v.as_ids(ids)
+        boxes = v.as_boxes(boxes, self._dims, len(ids))
+        rows = self._proxies.rows_of(ids)
+        columns, d = self._proxies.columns, self._dims
+        fat = columns["fat"][rows]
+        escaped = ~((fat[:, :d] <= boxes[:, :d]) & (boxes[:, d:] <= fat[:, d:])).all(axis=1)
+        columns["tight"][rows] = boxes
+        columns["fat"][rows[escaped]] = self._fatten(boxes[escaped])
+        return int(escaped.sum())
+
+    def remove(self, ids) -> None:
+        ids = v.as_ids(ids)
+        self._proxies.delete(self._proxies.rows_of(ids))
+
+    def query_aabb(self, boxes):
+        return self._aabb(boxes)
+
+    def query_sphere(self, centers, radii):
+        return self._sphere(centers, radii)
+
+    def raycast(self, segments, first_hit=False):
+        return self._ray(segments, first_hit)
+
+    def query_frustum(self, planes):
+        return self._frustum(planes)
+
+    def pairs(self) -> np.ndarray:
+        a, b = overlapping_rows(self._proxies.columns["tight"], self._dims)
+        return pair_rows(self._proxies.ids, a, b)
+
+    def validate(self) -> None:
+        self._proxies.check(self._dims)
+        tight, fat, d = self._proxies.columns["tight"], self._proxies.columns["fat"], self._dims
+        if not ((fat[:, :d] <= tight[:, :d]) & (tight[:, d:] <= fat[:, d:])).all():
+            raise RuntimeError("a fat box does not contain its tight box")
+
+    def to_bytes(self) -> bytes:
+        return self._dump()
+
+    @classmethod
+    def from_bytes(cls, data) -> "Tree":
+        made = cls._restore(data, ("fat",))[0]
+        made.validate()
+        return made
+
+
+class Broadphase(_Structure):
+    """Brute-force `dbvt.Broadphase`: `update()` diffs the whole pair set against the previous one."""
+
+    _kind = "Broadphase"
+
+    def __init__(self, dims: int = 3, margin: float = 0.05):
+        super().__init__(dims, margin, static=np.zeros(0, np.uint8), group=np.zeros(0, np.uint32),
+                         mask=np.zeros(0, np.uint32))
+        self._reported = np.zeros((0, 2), np.uint64)
+
+    def create(self, ids, boxes, static=False, group=1, mask=v.UINT32_MAX) -> None:
+        ids = v.as_ids(ids)
+        boxes = v.as_boxes(boxes, self._dims, len(ids))
+        static = v.as_flags(static, len(ids), "static")
+        group = v.as_uint32(group, len(ids), "group")
+        mask = v.as_uint32(mask, len(ids), "mask")
+        self._proxies.check_new(ids)
+        self._proxies.add(ids, tight=boxes, static=static, group=group, mask=mask)
+
+    def move(self, ids, boxes) -> None:
+        ids = v.as_ids(ids)
+        boxes = v.as_boxes(boxes, self._dims, len(ids))
+        rows = self._proxies.rows_of(ids)
+        self._proxies.columns["tight"][rows] = boxes
+
+    def destroy(self, ids) -> None:
+        ids = v.as_ids(ids)
+        self._proxies.delete(self._proxies.rows_of(ids))
+
+    def pairs(self) -> np.ndarray:
+        columns = self._proxies.columns
+        a, b = overlapping_rows(columns["tight"], self._dims)
+        group, mask, static = columns["group"], columns["mask"], columns["static"]
+        filtered = ((group[a] & mask[b]) != 0) & ((group[b] & mask[a]) != 0)
+        allowed = filtered & ~((static[a] != 0) & (static[b] != 0))
+        return pair_rows(self._proxies.ids, a[allowed], b[allowed])
+
+    def update(self):
+        current = self.pairs()
+        now, before = set(map(tuple, current.tolist())), set(map(tuple, self._reported.tolist()))
+        self._reported = current
+        return _sorted_pairs(now - before), _sorted_pairs(before - now)
+
+    def _visible(self, mask) -> np.ndarray:
+        return (self._proxies.columns["group"] & np.uint32(mask)) != 0
+
+    def query_aabb(self, boxes, mask=None):
+        return self._aabb(boxes, mask)
+
+    def query_sphere(self, centers, radii, mask=None):
+        return self._sphere(centers, radii, mask)
+
+    def raycast(self, segments, first_hit=False, mask=None):
+        return self._ray(segments, first_hit, mask)
+
+    def query_frustum(self, planes, mask=None):
+        return self._frustum(planes, mask)
+
+    def validate(self) -> None:
+        self._proxies.check(self._dims)
+        reported = self._reported
+        if reported.ndim != 2 or reported.shape[1] != 2 or (reported[:, 0] >= reported[:, 1]).any():
+            raise RuntimeError("the pair set reported by the last update() is malformed")
+
+    def to_bytes(self) -> bytes:
+        return self._dump(reported=self._reported)
+
+    @classmethod
+    def from_bytes(cls, data) -> "Broadphase":
+        made, arrays = cls._restore(data, ("static", "group", "mask", "reported"))
+        made._reported = np.asarray(arrays["reported"], np.uint64).reshape(-1, 2)
+        made.validate()
+        return made
+
+
+def _sorted_pairs(pairs: set) -> np.ndarray:
+    rows = np.array(sorted(pairs), dtype=np.uint64).reshape(-1, 2)
+    return np.ascontiguousarray(rows)
