@@ -172,20 +172,11 @@ class _Proxies:
         return np.where(self.ids[clipped] == ids, clipped, -1).astype(np.int64)
 
     def check_new(self, ids: np.ndarray) -> None:
-        _check_unique(ids)
-        present = np.flatnonzero(self.find(ids) >= 0)
-        if present.size:
-            row = int(present[0])
-            raise v.present_id_error(row, ids[row])
+        _raise_first_problem(ids, self.find(ids) >= 0, v.already_present)
 
     def rows_of(self, ids: np.ndarray, unique: bool = True) -> np.ndarray:
-        if unique:
-            _check_unique(ids)
         rows = self.find(ids)
-        missing = np.flatnonzero(rows < 0)
-        if missing.size:
-            row = int(missing[0])
-            raise v.unknown_id_error(row, ids[row])
+        _raise_first_problem(ids, rows < 0, v.unknown_id, repeats_allowed=not unique)
         return rows
 
     def add(self, ids: np.ndarray, **values: np.ndarray) -> None:
@@ -221,10 +212,15 @@ class _Proxies:
             raise RuntimeError("a tight box is not finite or is inverted")
 
 
-def _check_unique(ids: np.ndarray) -> None:
-    row = v.first_duplicate(ids)
-    if row >= 0:
-        raise v.duplicate_id_error(row, ids[row])
+def _raise_first_problem(ids: np.ndarray, wrong: np.ndarray, error, repeats_allowed: bool = False) -> None:
+    """Report the first row that either repeats an earlier row or is `wrong` (present or unknown)."""
+    duplicate = -1 if repeats_allowed else v.first_duplicate(ids)
+    flagged = np.flatnonzero(wrong)
+    first_wrong = int(flagged[0]) if flagged.size else -1
+    if duplicate >= 0 and (first_wrong < 0 or duplicate < first_wrong):
+        raise v.duplicate_id(duplicate, ids[duplicate])
+    if first_wrong >= 0:
+        raise error(first_wrong, ids[first_wrong])
 
 
 def _load_arrays(data: bytes, kind: str, keys) -> dict[str, np.ndarray]:

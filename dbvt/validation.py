@@ -164,20 +164,6 @@ def first_duplicate(ids: np.ndarray) -> int:
     return int(order[repeats + 1].min())
 
 
-# The id errors are raised by the structures themselves (they own the id tables); building them here
-# keeps the Cython core, the reference and the server's error table worded identically.
-def duplicate_id_error(row: int, id_, name: str = "ids") -> ValueError:
-    return ValueError(f"{name} row {row}: id {id_} appears twice in this call")
-
-
-def present_id_error(row: int, id_, name: str = "ids") -> ValueError:
-    return ValueError(f"{name} row {row}: id {id_} is already present")
-
-
-def unknown_id_error(row: int, id_, name: str = "ids") -> KeyError:
-    return KeyError(f"{name} row {row}: unknown id {id_}")
-
-
 # The id errors every implementation raises. Rows are checked in order and the first row with a
 # problem is reported: a repeat of an earlier row in the same call is a duplicate; otherwise an insert
 # of a present id, or a move/remove of an absent one, is reported as such.
