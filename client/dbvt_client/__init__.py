@@ -1,0 +1,26 @@
+"""Python SDK for dbvt-server, the networked broadphase.
+
+    from dbvt_client import Client
+    with Client("127.0.0.1:50051") as client:
+        world = client.create_world("arena", dims=3, margin=0.05)
+        r = world.apply(create=(ids, boxes))        # r.tick, r.begun, r.ended
+        offsets, hits = world.query_aabb(boxes)
+
+`AsyncClient` has the same methods, awaitable; `Client.local()` runs the same API in-process on
+`dbvt` (which is then needed; the SDK itself is pure Python). Errors raise one class per gRPC status,
+all subclasses of `DbvtError`.
+"""
+from dbvt_client.aio import AsyncBatchStream, AsyncClient, AsyncWorld
+from dbvt_client.batches import Create
+from dbvt_client.client import BatchStream, Client, World
+from dbvt_client.errors import (AlreadyExists, Cancelled, DbvtError, DeadlineExceeded, FailedPrecondition, Internal,
+                                InvalidArgument, NotFound, ResourceExhausted, Unavailable, Unimplemented, Unknown)
+from dbvt_client.results import BatchResult, Hits, RayHits, WorldInfo
+
+__all__ = [
+    "Client", "World", "BatchStream", "AsyncClient", "AsyncWorld", "AsyncBatchStream", "Create",
+    "BatchResult", "Hits", "RayHits", "WorldInfo",
+    "DbvtError", "InvalidArgument", "NotFound", "AlreadyExists", "ResourceExhausted", "FailedPrecondition",
+    "Unavailable", "DeadlineExceeded", "Cancelled", "Unimplemented", "Internal", "Unknown",
+]
+__version__ = "0.1.0"

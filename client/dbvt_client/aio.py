@@ -1,0 +1,261 @@
+"""The asyncio SDK: `AsyncClient`, with the methods of `Client`, awaitable."""
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+
+import grpc
+
+from dbvt_client import batches, queries
+from dbvt_client.client import (DEFAULT_MAX_PROXIES_PER_WORLD, DEFAULT_MAX_WORLDS, create_request, stats_dict,
+                                world_info)
+from dbvt_client.errors import DbvtError, Unavailable, from_exception, from_rpc_error, from_status_number
+from dbvt_client.results import BatchResult, Hits, RayHits, WorldInfo
+from dbvt_client.transport import CHANNEL_OPTIONS, LocalTransport, local_limits
+from dbvt_proto.v1 import broadphase_pb2 as pb
+from dbvt_proto.v1 import broadphase_pb2_grpc as pb_grpc
+
+
+class _GrpcStream:
+    def __init__(self, stub):
+        self._call = stub.StreamBatches()
+
+    async def write(self, request) -> None:
+        try:
+            await self._call.write(request)
+        except grpc.RpcError as error:
+            raise from_rpc_error(error) from None
+
+    async def read(self):
+        """The next response, or None at the end of the stream."""
+        try:
+            response = await self._call.read()
+        except grpc.RpcError as error:
+            raise from_rpc_error(error) from None
+        return None if response is grpc.aio.EOF else response
+
+    async def done_writing(self) -> None:
+        await self._call.done_writing()
+
+
+class _AsyncGrpcTransport:
+    def __init__(self, target: str, timeout: float | None):
+        self._channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+        self._stub = pb_grpc.BroadphaseServiceStub(self._channel)
+        self._timeout = timeout
+
+    async def unary(self, method: str, request):
+        try:
+            return await getattr(self._stub, method)(request, timeout=self._timeout)
+        except grpc.RpcError as error:
+            raise from_rpc_error(error) from None
+
+    def open_stream(self) -> _GrpcStream:
+        return _GrpcStream(self._stub)
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+
+class _LocalStream:
+    """A stream on the in-process service: each message is handled as it is written."""
+
+    def __init__(self, local: LocalTransport):
+        self._local = local
+        self._staging = local.staging()
+        self._responses: asyncio.Queue = asyncio.Queue()
+
+    async def write(self, request) -> None:
+        response = await asyncio.to_thread(self._local.stream_step, self._staging, request)
+        if response is not None:
+            self._responses.put_nowait(response)
+
+    async def read(self):
+        return await self._responses.get()
+
+    async def done_writing(self) -> None:
+        self._responses.put_nowait(None)
+
+
+class _AsyncLocalTransport:
+    def __init__(self, local: LocalTransport):
+        self._local = local
+
+    async def unary(self, method: str, request):
+        return await asyncio.to_thread(self._local.unary, method, request)
+
+    def open_stream(self) -> _LocalStream:
+        return _LocalStream(self._local)
+
+    async def close(self) -> None:
+        """Nothing to release: the worlds go with the client."""
+
+
+class AsyncClient:
+    """`Client` for asyncio: `async with AsyncClient("127.0.0.1:50051") as client: ...`."""
+
+    def __init__(self, target: str, *, timeout: float | None = None, _transport=None):
+        self._transport = _transport or _AsyncGrpcTransport(target, timeout)
+        self._max_message_bytes: int | None = None
+
+    @classmethod
+    def local(cls, *, max_worlds: int = DEFAULT_MAX_WORLDS,
+              max_proxies_per_world: int = DEFAULT_MAX_PROXIES_PER_WORLD) -> "AsyncClient":
+        from dbvt import Broadphase
+
+        local = LocalTransport(local_limits(max_worlds, max_proxies_per_world), Broadphase)
+        return cls("", _transport=_AsyncLocalTransport(local))
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._transport.close()
+
+    async def server_info(self) -> dict:
+        info = await self._transport.unary("GetServerInfo", pb.GetServerInfoRequest())
+        return {"version": info.version, "max_message_bytes": info.max_message_bytes,
+                "max_worlds": info.max_worlds, "max_proxies_per_world": info.max_proxies_per_world}
+
+    async def max_message_bytes(self) -> int:
+        if self._max_message_bytes is None:
+            self._max_message_bytes = (await self.server_info())["max_message_bytes"]
+        return self._max_message_bytes
+
+    async def create_world(self, name: str, dims: int = 3, margin: float = 0.05, *,
+                           max_proxies: int | None = None) -> "AsyncWorld":
+        await self._transport.unary("CreateWorld", create_request(name, dims, margin, max_proxies))
+        return AsyncWorld(self, name)
+
+    def world(self, name: str) -> "AsyncWorld":
+        return AsyncWorld(self, name)
+
+    async def list_worlds(self) -> list[str]:
+        return [info.name for info in (await self._transport.unary("ListWorlds", pb.ListWorldsRequest())).worlds]
+
+    async def delete_world(self, name: str) -> None:
+        await self._transport.unary("DeleteWorld", pb.DeleteWorldRequest(name=name))
+
+    async def _run(self, plan: queries.Plan):
+        for _ in range(queries.CONSISTENCY_ATTEMPTS):
+            try:
+                return plan.finish([await self._transport.unary(plan.method, request) for request in plan.requests])
+            except queries.TickChanged:
+                continue
+        raise Unavailable(f"{plan.method}: the world kept changing between the parts of a split query")
+
+
+class AsyncWorld:
+    """`World` for asyncio; see `World` for the semantics."""
+
+    def __init__(self, client: AsyncClient, name: str):
+        self._client = client
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"AsyncWorld({self.name!r})"
+
+    async def apply(self, create=None, move=None, destroy=None, *, static=None, group=None,
+                    mask=None) -> BatchResult:
+        ops = batches.encode(create, move, destroy, static, group, mask)
+        parts = batches.split(ops, await self._client.max_message_bytes())
+        if len(parts) == 1:
+            request = pb.ApplyBatchRequest(world=self.name, batch=parts[0])
+            return batches.decode_result((await self._client._transport.unary("ApplyBatch", request)).result)
+        async with self.stream() as stream:
+            return await stream.apply_parts(parts)
+
+    def stream(self) -> "AsyncBatchStream":
+        return AsyncBatchStream(self)
+
+    async def query_aabb(self, boxes, mask=None) -> Hits:
+        return await self._client._run(queries.aabb(self.name, boxes, mask, await self._client.max_message_bytes()))
+
+    async def query_sphere(self, centers, radii, mask=None) -> Hits:
+        limit = await self._client.max_message_bytes()
+        return await self._client._run(queries.sphere(self.name, centers, radii, mask, limit))
+
+    async def raycast(self, segments, first_hit: bool = False, mask=None) -> RayHits:
+        limit = await self._client.max_message_bytes()
+        return await self._client._run(queries.raycast(self.name, segments, first_hit, mask, limit))
+
+    async def query_frustum(self, planes, mask=None) -> Hits:
+        return await self._client._run(queries.frustum(self.name, planes, mask, await self._client.max_message_bytes()))
+
+    async def pairs(self):
+        return await self._client._run(queries.pairs(self.name))
+
+    async def stats(self) -> dict:
+        return stats_dict(await self._client._transport.unary("GetWorldStats", pb.GetWorldStatsRequest(world=self.name)))
+
+    async def info(self) -> WorldInfo:
+        request = pb.GetWorldStatsRequest(world=self.name)
+        return world_info((await self._client._transport.unary("GetWorldStats", request)).world)
+
+
+class AsyncBatchStream:
+    """`BatchStream` for asyncio: `async with world.stream() as s: r = await s.apply(...)`;
+    `await s.submit(...)` returns an `asyncio.Future` without waiting for the answer."""
+
+    def __init__(self, world: AsyncWorld):
+        self._world = world
+        self._call = None
+        self._reader: asyncio.Task | None = None
+        self._pending: collections.deque[asyncio.Future] = collections.deque()
+        self._sequence = itertools.count(1)
+        self._closed = False
+
+    async def __aenter__(self) -> "AsyncBatchStream":
+        self._call = self._world._client._transport.open_stream()
+        self._reader = asyncio.create_task(self._read())
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def submit(self, create=None, move=None, destroy=None, *, static=None, group=None,
+                     mask=None) -> asyncio.Future:
+        ops = batches.encode(create, move, destroy, static, group, mask)
+        return await self._submit_parts(batches.split(ops, await self._world._client.max_message_bytes()))
+
+    async def apply(self, create=None, move=None, destroy=None, *, static=None, group=None,
+                    mask=None) -> BatchResult:
+        return await (await self.submit(create, move, destroy, static=static, group=group, mask=mask))
+
+    async def apply_parts(self, parts: list[pb.Batch]) -> BatchResult:
+        return await (await self._submit_parts(parts))
+
+    async def _submit_parts(self, parts: list[pb.Batch]) -> asyncio.Future:
+        if self._call is None or self._closed:
+            raise Unavailable("the batch stream is not open (use `async with world.stream() as s`)")
+        future = asyncio.get_running_loop().create_future()
+        self._pending.append(future)
+        for request in batches.stream_requests(self._world.name, next(self._sequence), parts):
+            await self._call.write(request)
+        return future
+
+    async def close(self) -> None:
+        if self._call is not None and not self._closed:
+            self._closed = True
+            await self._call.done_writing()
+            await self._reader
+
+    async def _read(self) -> None:
+        failure: DbvtError = Unavailable("the batch stream ended before answering")
+        try:
+            while (response := await self._call.read()) is not None:
+                future = self._pending.popleft()
+                if response.status_code:
+                    future.set_exception(from_status_number(response.status_code, response.status_message))
+                else:
+                    future.set_result(batches.decode_result(response.result))
+        except DbvtError as error:
+            failure = error
+        except Exception as exc:
+            failure = from_exception(exc)
+        while self._pending:
+            self._pending.popleft().set_exception(failure)

@@ -1,0 +1,130 @@
+"""Turning `world.apply(create=..., move=..., destroy=...)` into one or more `Batch` messages.
+
+A batch that does not fit the server's message size is cut into parts, each under the limit, and
+sent on one stream as consecutive parts of the same batch; the server applies nothing until the last
+part arrives, so the batch stays atomic however big it is.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dbvt_client import wire
+from dbvt_client.errors import InvalidArgument
+from dbvt_client.results import BatchResult
+from dbvt_proto.v1 import broadphase_pb2 as pb
+
+DEFAULT_GROUP = 1
+DEFAULT_MASK = 0xFFFFFFFF
+# Room left in every message for the world name, the field tags and their lengths.
+MESSAGE_OVERHEAD = 4096
+
+
+@dataclass(frozen=True)
+class Create:
+    """Proxies to create: `world.apply(create=Create(ids, boxes, static=True, group=2, mask=0b101))`.
+
+    `static`, `group` and `mask` are each a scalar or one value per row. A plain `(ids, boxes)` tuple
+    works too, with `static=`, `group=`, `mask=` given to `apply` itself.
+    """
+
+    ids: Any
+    boxes: Any
+    static: Any = False
+    group: Any = DEFAULT_GROUP
+    mask: Any = DEFAULT_MASK
+
+
+def _as_create(create, static, group, mask) -> Create | None:
+    if create is None:
+        if (static, group, mask) != (None, None, None):
+            raise TypeError("static=, group= and mask= describe created proxies; pass create= as well")
+        return None
+    if isinstance(create, Create):
+        if (static, group, mask) != (None, None, None):
+            raise TypeError("give static/group/mask either in Create(...) or to apply(), not both")
+        return create
+    ids, boxes = create
+    return Create(ids, boxes,
+                  False if static is None else static,
+                  DEFAULT_GROUP if group is None else group,
+                  DEFAULT_MASK if mask is None else mask)
+
+
+def _is_default(value, default) -> bool:
+    return np.ndim(value) == 0 and value == default
+
+
+class _Column:
+    def __init__(self, field: str, values: np.ndarray):
+        self.field = field
+        self.values = values
+        self.row_bytes = values[:1].nbytes if len(values) else values.itemsize * int(np.prod(values.shape[1:]))
+
+
+def _boxes_for(ids: np.ndarray, boxes, name: str) -> np.ndarray:
+    arr = wire.float_array(boxes, name, 2)
+    if arr.shape[0] != len(ids):
+        raise InvalidArgument(f"{name} has {arr.shape[0]} rows but its ids have {len(ids)}")
+    return arr
+
+
+def encode(create=None, move=None, destroy=None, static=None, group=None, mask=None) -> list[list[_Column]]:
+    """The batch's columns, grouped by operation (rows of one operation travel together)."""
+    ops: list[list[_Column]] = []
+    spec = _as_create(create, static, group, mask)
+    if spec is not None:
+        ids = wire.ids_array(spec.ids, "create_ids")
+        columns = [_Column("create_ids", ids), _Column("create_boxes", _boxes_for(ids, spec.boxes, "create_boxes"))]
+        if not _is_default(spec.static, False):
+            columns.append(_Column("create_static", wire.flags_array(spec.static, len(ids), "create_static")))
+        if not _is_default(spec.group, DEFAULT_GROUP):
+            columns.append(_Column("create_group", wire.bits_array(spec.group, len(ids), "create_group")))
+        if not _is_default(spec.mask, DEFAULT_MASK):
+            columns.append(_Column("create_mask", wire.bits_array(spec.mask, len(ids), "create_mask")))
+        ops.append(columns)
+    if move is not None:
+        move_ids, move_boxes = move
+        ids = wire.ids_array(move_ids, "move_ids")
+        ops.append([_Column("move_ids", ids), _Column("move_boxes", _boxes_for(ids, move_boxes, "move_boxes"))])
+    if destroy is not None:
+        ops.append([_Column("destroy_ids", wire.ids_array(destroy, "destroy_ids"))])
+    return ops
+
+
+def split(ops: list[list[_Column]], max_message_bytes: int) -> list[pb.Batch]:
+    """Messages of at most `max_message_bytes`, each a slice of rows of every operation in turn."""
+    budget = max_message_bytes - MESSAGE_OVERHEAD
+    parts: list[dict[str, bytes]] = [{}]
+    room = budget
+    for columns in ops:
+        rows = len(columns[0].values)
+        row_bytes = sum(column.row_bytes for column in columns)
+        if row_bytes > budget:
+            raise InvalidArgument(f"one {columns[0].field} row takes {row_bytes} bytes, more than a message may hold")
+        start = 0
+        while start < rows:
+            take = min(rows - start, room // row_bytes)
+            if take == 0:
+                parts.append({})
+                room = budget
+                continue
+            for column in columns:
+                parts[-1][column.field] = column.values[start:start + take].tobytes()
+            start += take
+            room -= take * row_bytes
+    return [pb.Batch(**part) for part in parts]
+
+
+def decode_result(result: pb.BatchResult) -> BatchResult:
+    return BatchResult(tick=result.tick,
+                       begun=wire.decode_rows(result.begun, wire.IDS, 2, "begun").copy(),
+                       ended=wire.decode_rows(result.ended, wire.IDS, 2, "ended").copy())
+
+
+def stream_requests(world: str, sequence: int, parts: list[pb.Batch]) -> list[pb.StreamBatchesRequest]:
+    last = len(parts) - 1
+    return [pb.StreamBatchesRequest(world=world, sequence=sequence, batch=part, more_parts=i < last)
+            for i, part in enumerate(parts)]

@@ -1,0 +1,217 @@
+"""The synchronous SDK: `Client`, its `World` handles and their batch streams."""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+import queue
+import threading
+from concurrent.futures import Future
+
+from dbvt_client import batches, queries
+from dbvt_client.errors import DbvtError, Unavailable, from_status_number
+from dbvt_client.results import BatchResult, Hits, RayHits, WorldInfo
+from dbvt_client.transport import GrpcTransport, LocalTransport, local_limits
+from dbvt_proto.v1 import broadphase_pb2 as pb
+
+DEFAULT_MAX_WORLDS = 64
+DEFAULT_MAX_PROXIES_PER_WORLD = 10_000_000
+
+
+def world_info(info: pb.WorldInfo) -> WorldInfo:
+    return WorldInfo(name=info.name, dims=info.dims, margin=info.margin, max_proxies=info.max_proxies,
+                     proxies=info.proxies, tick=info.tick)
+
+
+def create_request(name: str, dims: int, margin: float, max_proxies: int | None) -> pb.CreateWorldRequest:
+    return pb.CreateWorldRequest(name=name, dims=dims, margin=margin, max_proxies=max_proxies or 0)
+
+
+# The core's statistics travel as doubles; these are counts.
+INTEGER_STATS = {"proxies", "nodes", "height", "memory_bytes", "leaves", "free_nodes"}
+
+
+def stats_dict(response: pb.GetWorldStatsResponse) -> dict:
+    """The world's description and the core's statistics in one dict."""
+    tree = {key: int(value) if key in INTEGER_STATS else value for key, value in response.tree.items()}
+    return {**tree, **dataclasses.asdict(world_info(response.world))}
+
+
+class Client:
+    """A connection to dbvt-server (`Client("127.0.0.1:50051")`), or in-process (`Client.local()`).
+
+    Use as a context manager, or call `close()`.
+    """
+
+    def __init__(self, target: str, *, timeout: float | None = None, _transport=None):
+        self._transport = _transport or GrpcTransport(target, timeout)
+        self._max_message_bytes: int | None = None
+
+    @classmethod
+    def local(cls, *, max_worlds: int = DEFAULT_MAX_WORLDS,
+              max_proxies_per_world: int = DEFAULT_MAX_PROXIES_PER_WORLD) -> "Client":
+        """The same API on in-process `dbvt.Broadphase` worlds: no server, no network."""
+        from dbvt import Broadphase
+
+        return cls("", _transport=LocalTransport(local_limits(max_worlds, max_proxies_per_world), Broadphase))
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._transport.close()
+
+    def server_info(self) -> dict:
+        info = self._transport.unary("GetServerInfo", pb.GetServerInfoRequest())
+        return {"version": info.version, "max_message_bytes": info.max_message_bytes,
+                "max_worlds": info.max_worlds, "max_proxies_per_world": info.max_proxies_per_world}
+
+    def max_message_bytes(self) -> int:
+        if self._max_message_bytes is None:
+            self._max_message_bytes = self.server_info()["max_message_bytes"]
+        return self._max_message_bytes
+
+    def create_world(self, name: str, dims: int = 3, margin: float = 0.05, *,
+                     max_proxies: int | None = None) -> "World":
+        self._transport.unary("CreateWorld", create_request(name, dims, margin, max_proxies))
+        return World(self, name)
+
+    def world(self, name: str) -> "World":
+        """A handle on an existing world (no call is made until it is used)."""
+        return World(self, name)
+
+    def list_worlds(self) -> list[str]:
+        return [info.name for info in self._transport.unary("ListWorlds", pb.ListWorldsRequest()).worlds]
+
+    def delete_world(self, name: str) -> None:
+        self._transport.unary("DeleteWorld", pb.DeleteWorldRequest(name=name))
+
+    def _run(self, plan: queries.Plan):
+        for _ in range(queries.CONSISTENCY_ATTEMPTS):
+            try:
+                return plan.finish([self._transport.unary(plan.method, request) for request in plan.requests])
+            except queries.TickChanged:
+                continue
+        raise Unavailable(f"{plan.method}: the world kept changing between the parts of a split query")
+
+
+class World:
+    """One world of a `Client`. Methods mirror `dbvt.Broadphase`; see `apply` for batches."""
+
+    def __init__(self, client: Client, name: str):
+        self._client = client
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"World({self.name!r})"
+
+    def apply(self, create=None, move=None, destroy=None, *, static=None, group=None, mask=None) -> BatchResult:
+        """Apply one batch atomically as one tick: all of it or, on any error, none of it.
+
+        `create=(ids, boxes)` (with `static=`, `group=`, `mask=`, each a scalar or one per row) or
+        `create=Create(...)`; `move=(ids, boxes)`; `destroy=ids`. An id may appear once per batch.
+        """
+        ops = batches.encode(create, move, destroy, static, group, mask)
+        parts = batches.split(ops, self._client.max_message_bytes())
+        transport = self._client._transport
+        if len(parts) == 1:
+            response = transport.unary("ApplyBatch", pb.ApplyBatchRequest(world=self.name, batch=parts[0]))
+            return batches.decode_result(response.result)
+        with self.stream() as stream:
+            return stream.apply_parts(parts)
+
+    def stream(self) -> "BatchStream":
+        return BatchStream(self)
+
+    def query_aabb(self, boxes, mask=None) -> Hits:
+        return self._client._run(queries.aabb(self.name, boxes, mask, self._client.max_message_bytes()))
+
+    def query_sphere(self, centers, radii, mask=None) -> Hits:
+        return self._client._run(queries.sphere(self.name, centers, radii, mask, self._client.max_message_bytes()))
+
+    def raycast(self, segments, first_hit: bool = False, mask=None) -> RayHits:
+        return self._client._run(queries.raycast(self.name, segments, first_hit, mask,
+                                                 self._client.max_message_bytes()))
+
+    def query_frustum(self, planes, mask=None) -> Hits:
+        return self._client._run(queries.frustum(self.name, planes, mask, self._client.max_message_bytes()))
+
+    def pairs(self):
+        """All current pairs, (m, 2) uint64, rows (a, b) with a < b, sorted."""
+        return self._client._run(queries.pairs(self.name))
+
+    def stats(self) -> dict:
+        return stats_dict(self._client._transport.unary("GetWorldStats", pb.GetWorldStatsRequest(world=self.name)))
+
+    def info(self) -> WorldInfo:
+        return world_info(self._client._transport.unary("GetWorldStats", pb.GetWorldStatsRequest(world=self.name)).world)
+
+
+_END = object()
+
+
+class BatchStream:
+    """Batches pipelined on one bidirectional stream, answered in order.
+
+    `submit(...)` sends a batch and returns a `concurrent.futures.Future` of its `BatchResult` without
+    waiting; `apply(...)` waits. A rejected batch fails only its own future; the stream goes on.
+    """
+
+    def __init__(self, world: World):
+        self._world = world
+        self._requests: queue.SimpleQueue = queue.SimpleQueue()
+        self._pending: collections.deque[Future] = collections.deque()
+        self._sequence = itertools.count(1)
+        self._closed = False
+        responses = world._client._transport.stream(iter(self._requests.get, _END))
+        self._reader = threading.Thread(target=self._read, args=(responses,), daemon=True)
+        self._reader.start()
+
+    def __enter__(self) -> "BatchStream":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def submit(self, create=None, move=None, destroy=None, *, static=None, group=None, mask=None) -> Future:
+        ops = batches.encode(create, move, destroy, static, group, mask)
+        return self._submit_parts(batches.split(ops, self._world._client.max_message_bytes()))
+
+    def apply(self, create=None, move=None, destroy=None, *, static=None, group=None, mask=None) -> BatchResult:
+        return self.submit(create, move, destroy, static=static, group=group, mask=mask).result()
+
+    def apply_parts(self, parts: list[pb.Batch]) -> BatchResult:
+        return self._submit_parts(parts).result()
+
+    def _submit_parts(self, parts: list[pb.Batch]) -> Future:
+        if self._closed:
+            raise Unavailable("the batch stream is closed")
+        future: Future = Future()
+        self._pending.append(future)
+        for request in batches.stream_requests(self._world.name, next(self._sequence), parts):
+            self._requests.put(request)
+        return future
+
+    def close(self) -> None:
+        """Stop sending and wait for the answers to everything already sent."""
+        if not self._closed:
+            self._closed = True
+            self._requests.put(_END)
+            self._reader.join()
+
+    def _read(self, responses) -> None:
+        failure: DbvtError = Unavailable("the batch stream ended before answering")
+        try:
+            for response in responses:
+                future = self._pending.popleft()
+                if response.status_code:
+                    future.set_exception(from_status_number(response.status_code, response.status_message))
+                else:
+                    future.set_result(batches.decode_result(response.result))
+        except DbvtError as error:
+            failure = error
+        while self._pending:
+            self._pending.popleft().set_exception(failure)

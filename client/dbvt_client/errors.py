@@ -1,0 +1,98 @@
+"""The one error table: a gRPC status code per exception class, both ways.
+
+The client raises the class of the status the server answered with, carrying the server's message;
+the server (and `Client.local()`) turn Python exceptions into those classes with `from_exception`,
+so the same bad input raises the same class whether the world is remote or in-process.
+"""
+from __future__ import annotations
+
+import grpc
+
+
+class DbvtError(Exception):
+    """Base of every error the SDK raises; `message` is the server's text, `code` its gRPC status."""
+
+    code: grpc.StatusCode = grpc.StatusCode.UNKNOWN
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidArgument(DbvtError):
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class NotFound(DbvtError):
+    code = grpc.StatusCode.NOT_FOUND
+
+
+class AlreadyExists(DbvtError):
+    code = grpc.StatusCode.ALREADY_EXISTS
+
+
+class ResourceExhausted(DbvtError):
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class FailedPrecondition(DbvtError):
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class Unavailable(DbvtError):
+    code = grpc.StatusCode.UNAVAILABLE
+
+
+class DeadlineExceeded(DbvtError):
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+class Cancelled(DbvtError):
+    code = grpc.StatusCode.CANCELLED
+
+
+class Unimplemented(DbvtError):
+    code = grpc.StatusCode.UNIMPLEMENTED
+
+
+class Internal(DbvtError):
+    code = grpc.StatusCode.INTERNAL
+
+
+class Unknown(DbvtError):
+    code = grpc.StatusCode.UNKNOWN
+
+
+ERROR_CLASSES: dict[grpc.StatusCode, type[DbvtError]] = {
+    cls.code: cls
+    for cls in (InvalidArgument, NotFound, AlreadyExists, ResourceExhausted, FailedPrecondition,
+                Unavailable, DeadlineExceeded, Cancelled, Unimplemented, Internal, Unknown)
+}
+_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
+
+
+def from_status(code: grpc.StatusCode, message: str) -> DbvtError:
+    return ERROR_CLASSES.get(code, Unknown)(message or code.name)
+
+
+def from_status_number(number: int, message: str) -> DbvtError:
+    """The error for a google.rpc.Code number, as carried in a StreamBatchesResponse."""
+    return from_status(_BY_NUMBER.get(number, grpc.StatusCode.UNKNOWN), message)
+
+
+def from_rpc_error(error: grpc.RpcError) -> DbvtError:
+    return from_status(error.code(), error.details() or "")
+
+
+def from_exception(exc: BaseException) -> DbvtError:
+    """Python exceptions of the core and of argument conversion, as the SDK's classes."""
+    if isinstance(exc, DbvtError):
+        return exc
+    if isinstance(exc, KeyError):
+        # The core's KeyError names the unknown id and its row; str() of a KeyError adds quotes.
+        return InvalidArgument(str(exc.args[0]) if exc.args else "unknown id")
+    if isinstance(exc, (ValueError, TypeError, OverflowError)):
+        return InvalidArgument(str(exc))
+    if isinstance(exc, MemoryError):
+        return ResourceExhausted("out of memory")
+    return Internal(f"{type(exc).__name__}: {exc}")

@@ -1,0 +1,127 @@
+"""Query requests and the decoding of their answers, shared by `Client` and `AsyncClient`.
+
+A query set too big for one message is sent as several requests of whole queries; their answers are
+stitched back into one CSR result, and only accepted if every part reflects the same tick (the
+client retries otherwise), so a split query is as consistent as a single one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from dbvt_client import wire
+from dbvt_client.batches import MESSAGE_OVERHEAD
+from dbvt_client.errors import InvalidArgument
+from dbvt_client.results import Hits, RayHits
+from dbvt_proto.v1 import broadphase_pb2 as pb
+
+# How often a split query is re-sent when a batch landed between its parts.
+CONSISTENCY_ATTEMPTS = 8
+
+
+class TickChanged(Exception):
+    """The parts of a split query saw different ticks."""
+
+
+@dataclass
+class Plan:
+    method: str
+    requests: list
+    finish: Callable[[list], object]
+
+
+def _ranges(count: int, row_bytes: int, max_message_bytes: int) -> list[tuple[int, int]]:
+    per_message = max(1, (max_message_bytes - MESSAGE_OVERHEAD) // max(row_bytes, 1))
+    return [(start, min(count, start + per_message)) for start in range(0, count, per_message)] or [(0, 0)]
+
+
+def _common(world: str, mask) -> dict:
+    fields = {"world": world}
+    if mask is not None:
+        mask = int(mask)
+        if not 0 <= mask <= 0xFFFFFFFF:
+            raise InvalidArgument(f"mask must be a 32-bit unsigned value, not {mask}")
+        fields["mask"] = mask
+    return fields
+
+
+def _single_tick(responses) -> int:
+    ticks = {response.tick for response in responses}
+    if len(ticks) != 1:
+        raise TickChanged()
+    return ticks.pop()
+
+
+def _stitch(responses, counts) -> tuple[np.ndarray, np.ndarray]:
+    offsets, hits, base = [np.zeros(1, np.int64)], [], 0
+    for response, count in zip(responses, counts):
+        part_offsets, part_hits = wire.decode_csr(response.offsets, response.hits, count)
+        offsets.append(part_offsets[1:] + base)
+        hits.append(part_hits)
+        base += len(part_hits)
+    return np.concatenate(offsets), np.concatenate(hits) if hits else np.zeros(0, np.uint64)
+
+
+def _csr_plan(method: str, requests: list, counts: list[int]) -> Plan:
+    def finish(responses):
+        tick = _single_tick(responses)
+        return Hits(*_stitch(responses, counts), tick=tick)
+
+    return Plan(method, requests, finish)
+
+
+def aabb(world: str, boxes, mask, max_message_bytes: int) -> Plan:
+    arr = wire.float_array(boxes, "boxes", 2)
+    base = _common(world, mask)
+    ranges = _ranges(len(arr), arr[:1].nbytes, max_message_bytes)
+    requests = [pb.QueryAabbRequest(count=b - a, boxes=arr[a:b].tobytes(), **base) for a, b in ranges]
+    return _csr_plan("QueryAabb", requests, [b - a for a, b in ranges])
+
+
+def sphere(world: str, centers, radii, mask, max_message_bytes: int) -> Plan:
+    arr = wire.float_array(centers, "centers", 2)
+    radii_arr = wire.float_array(radii, "radii", np.ndim(radii))
+    if radii_arr.ndim == 0:
+        radii_arr = np.full(len(arr), radii_arr, wire.FLOATS)
+    if radii_arr.shape != (len(arr),):
+        raise InvalidArgument(f"radii must be a scalar or have shape ({len(arr)},), got {radii_arr.shape}")
+    base = _common(world, mask)
+    ranges = _ranges(len(arr), arr[:1].nbytes + 4, max_message_bytes)
+    requests = [pb.QuerySphereRequest(count=b - a, centers=arr[a:b].tobytes(), radii=radii_arr[a:b].tobytes(), **base)
+                for a, b in ranges]
+    return _csr_plan("QuerySphere", requests, [b - a for a, b in ranges])
+
+
+def frustum(world: str, planes, mask, max_message_bytes: int) -> Plan:
+    arr = wire.float_array(planes, "planes", 3)
+    base = _common(world, mask)
+    ranges = _ranges(len(arr), arr[:1].nbytes, max_message_bytes)
+    requests = [pb.QueryFrustumRequest(count=b - a, planes_per_query=arr.shape[1], planes=arr[a:b].tobytes(), **base)
+                for a, b in ranges]
+    return _csr_plan("QueryFrustum", requests, [b - a for a, b in ranges])
+
+
+def raycast(world: str, segments, first_hit: bool, mask, max_message_bytes: int) -> Plan:
+    arr = wire.float_array(segments, "segments", 2)
+    mode = pb.RAYCAST_MODE_FIRST_HIT if first_hit else pb.RAYCAST_MODE_ALL_HITS
+    base = _common(world, mask)
+    ranges = _ranges(len(arr), arr[:1].nbytes, max_message_bytes)
+    requests = [pb.RaycastRequest(count=b - a, segments=arr[a:b].tobytes(), mode=mode, **base) for a, b in ranges]
+    counts = [b - a for a, b in ranges]
+
+    def finish(responses):
+        tick = _single_tick(responses)
+        offsets, hits = _stitch(responses, counts)
+        fractions = [np.frombuffer(response.fractions, wire.FRACTIONS) for response in responses]
+        return RayHits(offsets, hits, np.concatenate(fractions), tick=tick)
+
+    return Plan("Raycast", requests, finish)
+
+
+def pairs(world: str) -> Plan:
+    def finish(responses):
+        return wire.decode_rows(responses[0].pairs, wire.IDS, 2, "pairs").copy()
+
+    return Plan("GetPairs", [pb.GetPairsRequest(world=world)], finish)

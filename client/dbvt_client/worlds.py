@@ -1,0 +1,181 @@
+"""A world: one `dbvt.Broadphase`, its tick, and the protocol's atomic batch on top of it.
+
+This is the service itself, transport aside: dbvt-server runs it behind gRPC and `Client.local()`
+calls it in-process, so both answer every request (and every bad one) identically. Requests come in
+and responses go out as the generated messages; numpy sits in between. Not thread-safe: callers
+serialize the calls on one world (the server with one lock per world).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from dbvt_client import wire
+from dbvt_client.errors import InvalidArgument, ResourceExhausted
+from dbvt_proto.v1 import broadphase_pb2 as pb
+
+BATCH_OPS = ("create_ids", "move_ids", "destroy_ids")
+
+
+def pack(arr: np.ndarray, dtype: np.dtype) -> bytes:
+    return np.ascontiguousarray(arr, dtype=dtype).tobytes()
+
+
+def _renamed(exc: Exception, field: str) -> Exception:
+    """The core names its argument `ids`/`boxes`; a batch has several, so say which one."""
+    message = str(exc.args[0]) if exc.args else str(exc)
+    for argument in ("ids", "boxes", "static", "group", "mask"):
+        if message.startswith(argument + " "):
+            message = f"{field}_{argument}{message[len(argument):]}"
+            break
+    return InvalidArgument(message)
+
+
+class World:
+    def __init__(self, name: str, dims: int, margin: float, max_proxies: int, broadphase_class):
+        self.name = name
+        self.max_proxies = max_proxies
+        self.broadphase = broadphase_class(dims=dims, margin=margin)
+        self.dims = int(dims)
+        self.margin = float(margin)
+        self.tick = 0
+
+    def info(self) -> pb.WorldInfo:
+        return pb.WorldInfo(name=self.name, dims=self.dims, margin=self.margin, max_proxies=self.max_proxies,
+                            proxies=len(self.broadphase), tick=self.tick)
+
+    def stats(self, request: pb.GetWorldStatsRequest) -> pb.GetWorldStatsResponse:
+        numbers = {key: float(value) for key, value in self.broadphase.stats().items()
+                   if isinstance(value, (int, float, np.number)) and not isinstance(value, bool)}
+        return pb.GetWorldStatsResponse(world=self.info(), tree=numbers)
+
+    # ---- batches -------------------------------------------------------------------------------
+    def apply(self, batch: pb.Batch) -> pb.BatchResult:
+        """Validate the whole batch, then apply it in an order that can no longer fail, then update().
+
+        create runs first: the core checks its own arguments before changing anything. The move and
+        destroy ids are checked against the world beforehand whenever an earlier step could already
+        have changed it, and ids are distinct across the batch, so nothing after create can fail.
+        """
+        from dbvt import validation
+
+        dims, bp = self.dims, self.broadphase
+        create_ids = self._ids(batch.create_ids, "create_ids")
+        move_ids = self._ids(batch.move_ids, "move_ids")
+        destroy_ids = self._ids(batch.destroy_ids, "destroy_ids")
+        n = len(create_ids)
+        create_boxes = wire.decode(batch.create_boxes, wire.FLOATS, (n, 2 * dims), "create_boxes")
+        move_boxes = wire.decode(batch.move_boxes, wire.FLOATS, (len(move_ids), 2 * dims), "move_boxes")
+        static = wire.decode(batch.create_static, wire.FLAGS, (n,), "create_static") if batch.create_static else False
+        group = wire.decode(batch.create_group, wire.BITS, (n,), "create_group") if batch.create_group else 1
+        mask = wire.decode(batch.create_mask, wire.BITS, (n,), "create_mask") if batch.create_mask else 0xFFFFFFFF
+        try:
+            validation.as_boxes(create_boxes, dims, n, "create_boxes")
+            validation.as_boxes(move_boxes, dims, len(move_ids), "move_boxes")
+        except ValueError as exc:
+            raise InvalidArgument(str(exc)) from None
+        self._check_distinct(create_ids, move_ids, destroy_ids)
+        if n and len(move_ids):
+            self._check_present(move_ids, "move")
+        if (n or len(move_ids)) and len(destroy_ids):
+            self._check_present(destroy_ids, "destroy")
+        if len(bp) + n - len(destroy_ids) > self.max_proxies:
+            raise ResourceExhausted(
+                f"world {self.name!r} would hold {len(bp) + n - len(destroy_ids)} proxies, "
+                f"more than its limit of {self.max_proxies}")
+        if n:
+            try:
+                bp.create(create_ids, create_boxes, static=static, group=group, mask=mask)
+            except (ValueError, KeyError) as exc:
+                raise _renamed(exc, "create") from None
+        if len(move_ids):
+            try:
+                bp.move(move_ids, move_boxes)
+            except (ValueError, KeyError) as exc:
+                raise _renamed(exc, "move") from None
+        if len(destroy_ids):
+            try:
+                bp.destroy(destroy_ids)
+            except (ValueError, KeyError) as exc:
+                raise _renamed(exc, "destroy") from None
+        begun, ended = bp.update()
+        self.tick += 1
+        return pb.BatchResult(tick=self.tick, begun=pack(begun, wire.IDS), ended=pack(ended, wire.IDS))
+
+    @staticmethod
+    def _ids(data: bytes, name: str) -> np.ndarray:
+        if len(data) % wire.IDS.itemsize:
+            raise InvalidArgument(f"{name} has {len(data)} bytes, not a whole number of uint64 ids")
+        return np.frombuffer(data, dtype=wire.IDS)
+
+    @staticmethod
+    def _check_distinct(*columns: np.ndarray) -> None:
+        everything = np.concatenate(columns)
+        if len(everything) < 2:
+            return
+        order = np.argsort(everything, kind="stable")
+        repeats = np.flatnonzero(everything[order][1:] == everything[order][:-1])
+        if not repeats.size:
+            return
+        second = int(order[repeats + 1].min())
+        first = int(np.flatnonzero(everything == everything[second])[0])
+        starts = np.cumsum([0] + [len(c) for c in columns])
+
+        def where(position: int) -> str:
+            op = int(np.searchsorted(starts, position, side="right")) - 1
+            return f"{BATCH_OPS[op]} row {position - int(starts[op])}"
+
+        raise InvalidArgument(f"{where(second)}: id {everything[second]} already appears in this batch "
+                              f"at {where(first)}; each id may appear once per batch")
+
+    def _check_present(self, ids: np.ndarray, op: str) -> None:
+        try:
+            self.broadphase.get(ids)
+        except KeyError as exc:
+            raise _renamed(exc, op) from None
+
+    # ---- queries ---------------------------------------------------------------------------------
+    @staticmethod
+    def _mask(request) -> int | None:
+        return request.mask if request.HasField("mask") else None
+
+    def query_aabb(self, request: pb.QueryAabbRequest) -> pb.QueryAabbResponse:
+        boxes = wire.decode(request.boxes, wire.FLOATS, (request.count, 2 * self.dims), "boxes")
+        offsets, hits = self.broadphase.query_aabb(boxes, mask=self._mask(request))
+        return pb.QueryAabbResponse(tick=self.tick, offsets=pack(offsets, wire.OFFSETS), hits=pack(hits, wire.IDS))
+
+    def query_sphere(self, request: pb.QuerySphereRequest) -> pb.QuerySphereResponse:
+        centers = wire.decode(request.centers, wire.FLOATS, (request.count, self.dims), "centers")
+        radii = wire.decode(request.radii, wire.FLOATS, (request.count,), "radii")
+        offsets, hits = self.broadphase.query_sphere(centers, radii, mask=self._mask(request))
+        return pb.QuerySphereResponse(tick=self.tick, offsets=pack(offsets, wire.OFFSETS), hits=pack(hits, wire.IDS))
+
+    def raycast(self, request: pb.RaycastRequest) -> pb.RaycastResponse:
+        segments = wire.decode(request.segments, wire.FLOATS, (request.count, 2 * self.dims), "segments")
+        first_hit = request.mode == pb.RAYCAST_MODE_FIRST_HIT
+        offsets, hits, fractions = self.broadphase.raycast(segments, first_hit=first_hit, mask=self._mask(request))
+        return pb.RaycastResponse(tick=self.tick, offsets=pack(offsets, wire.OFFSETS), hits=pack(hits, wire.IDS),
+                                  fractions=pack(fractions, wire.FRACTIONS))
+
+    def query_frustum(self, request: pb.QueryFrustumRequest) -> pb.QueryFrustumResponse:
+        shape = (request.count, request.planes_per_query, self.dims + 1)
+        planes = wire.decode(request.planes, wire.FLOATS, shape, "planes")
+        offsets, hits = self.broadphase.query_frustum(planes, mask=self._mask(request))
+        return pb.QueryFrustumResponse(tick=self.tick, offsets=pack(offsets, wire.OFFSETS), hits=pack(hits, wire.IDS))
+
+    def pairs(self, request: pb.GetPairsRequest) -> pb.GetPairsResponse:
+        return pb.GetPairsResponse(tick=self.tick, pairs=pack(self.broadphase.pairs(), wire.IDS))
+
+    def apply_batch(self, request: pb.ApplyBatchRequest) -> pb.ApplyBatchResponse:
+        return pb.ApplyBatchResponse(result=self.apply(request.batch))
+
+
+# The RPCs that act on one world, by method name: what the server runs under that world's lock.
+WORLD_RPCS = {
+    "GetWorldStats": World.stats,
+    "ApplyBatch": World.apply_batch,
+    "QueryAabb": World.query_aabb,
+    "QuerySphere": World.query_sphere,
+    "Raycast": World.raycast,
+    "QueryFrustum": World.query_frustum,
+    "GetPairs": World.pairs,
+}

@@ -1,0 +1,95 @@
+"""Building, running and gracefully stopping the gRPC server."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from dbvt_client.service import Limits, Service
+from dbvt_proto.v1 import broadphase_pb2 as pb
+from dbvt_proto.v1 import broadphase_pb2_grpc as pb_grpc
+from dbvt_server.config import Config
+from dbvt_server.servicer import BroadphaseServicer
+from dbvt_server.world import WorldBroadphase
+
+log = logging.getLogger("dbvt_server")
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["BroadphaseService"].full_name
+
+
+class PortUnavailable(RuntimeError):
+    pass
+
+
+def address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class Running:
+    """A started server and what must be shut down with it."""
+
+    def __init__(self, server: grpc.aio.Server, port: int, health_servicer, executor: ThreadPoolExecutor):
+        self.server = server
+        self.port = port
+        self.health = health_servicer
+        self.executor = executor
+
+    async def stop(self, grace: float) -> None:
+        """Refuse new calls, let calls in flight finish for up to `grace` seconds, then cancel them."""
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace)
+        # Cancelled calls still wait for their thread (see the servicer); so does this.
+        self.executor.shutdown(wait=True)
+
+
+async def create_server(config: Config) -> Running:
+    """A started server listening on `config.host:config.port` (port 0: a free port, see `.port`)."""
+    executor = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="dbvt-world")
+    limits = Limits(config.max_worlds, config.max_proxies_per_world, config.max_message_bytes)
+    server = grpc.aio.server(options=[
+        ("grpc.max_receive_message_length", config.max_message_bytes),
+        ("grpc.max_send_message_length", -1),
+        # Two servers must never share a port silently.
+        ("grpc.so_reuseport", 0),
+    ])
+    pb_grpc.add_BroadphaseServiceServicer_to_server(BroadphaseServicer(Service(limits, WorldBroadphase), executor),
+                                                    server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        [SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME], server)
+    where = address(config.host, config.port)
+    try:
+        port = server.add_insecure_port(where)
+    except RuntimeError as exc:
+        port, cause = 0, exc
+    else:
+        cause = None
+    if not port:
+        executor.shutdown()
+        raise PortUnavailable(f"cannot listen on {where}: the port is in use or the address is not available "
+                              f"({cause or 'bind failed'})")
+    await server.start()
+    for name in ("", SERVICE_NAME):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return Running(server, port, health_servicer, executor)
+
+
+async def serve(config: Config) -> None:
+    """Run until SIGTERM or SIGINT, then stop gracefully."""
+    running = await create_server(config)
+    log.info("dbvt-server listening on %s (workers=%d, max_message_bytes=%d, max_worlds=%d, "
+             "max_proxies_per_world=%d)", address(config.host, running.port), config.workers,
+             config.max_message_bytes, config.max_worlds, config.max_proxies_per_world)
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    await stopping.wait()
+    log.info("stopping: finishing calls in flight (grace %.1f s)", config.grace_seconds)
+    await running.stop(config.grace_seconds)
+    log.info("stopped")
