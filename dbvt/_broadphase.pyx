@@ -1,0 +1,556 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False, cdivision=True
+"""`dbvt.Broadphase`: a Tree that remembers which proxies overlap and reports what changed.
+
+Each proxy keeps its own sorted list of partners, so an update() costs one tree query per proxy that
+moved (plus a merge of two short sorted lists), and a destroy touches only that proxy's pairs.
+"""
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
+from libc.stdlib cimport free, malloc, realloc
+from libc.string cimport memcpy, memset
+
+import struct
+
+import numpy as np
+
+from dbvt import validation
+
+from dbvt._core cimport (
+    PROXY_LIVE, PROXY_MOVED, PROXY_STATIC, Hits, IdPair, PairBuffer, Query, QUERY_BOX, Stack,
+    TreeCore, core_move, core_remove, core_reserve, hits_free, load_box, pairs_free, pairs_push,
+    sort_int32, sort_pairs, stack_free, walk,
+)
+from dbvt._tree cimport TreeBase, pair_array
+
+# moved count, pending ended count, partner total
+_STATE = struct.Struct("<qqq")
+
+
+ctypedef struct Partners:           # one proxy's current pairs: 16 bytes
+    int32_t *items                  # partner proxy indices, ascending
+    int32_t count
+    int32_t capacity
+
+
+cdef inline bint pair_allowed(const TreeCore *t, const uint32_t *groups, const uint32_t *masks,
+                              int32_t a, int32_t b) noexcept nogil:
+    if t.proxies[a].flags & t.proxies[b].flags & PROXY_STATIC:
+        return False
+    return (groups[a] & masks[b]) != 0 and (groups[b] & masks[a]) != 0
+
+
+cdef int partners_reserve(Partners *p, int32_t capacity) noexcept nogil:
+    cdef int32_t *items
+    if capacity <= p.capacity:
+        return 0
+    if capacity < 4:
+        capacity = 4
+    items = <int32_t *>realloc(p.items, capacity * sizeof(int32_t))
+    if items == NULL:
+        return -1
+    p.items = items
+    p.capacity = capacity
+    return 0
+
+
+cdef int partners_insert(Partners *p, int32_t item) noexcept nogil:
+    cdef int32_t i
+    if p.count == p.capacity and partners_reserve(p, 2 * p.capacity) != 0:
+        return -1
+    i = p.count
+    while i > 0 and p.items[i - 1] > item:
+        p.items[i] = p.items[i - 1]
+        i -= 1
+    p.items[i] = item
+    p.count += 1
+    return 0
+
+
+cdef void partners_erase(Partners *p, int32_t item) noexcept nogil:
+    cdef int32_t i = 0
+    while i < p.count and p.items[i] != item:
+        i += 1
+    if i == p.count:
+        return
+    p.count -= 1
+    while i < p.count:
+        p.items[i] = p.items[i + 1]
+        i += 1
+
+
+cdef int cancel_common(PairBuffer *begun, PairBuffer *ended) noexcept nogil:
+    """Drop pairs reported both begun and ended (a proxy destroyed and re-created under the same id
+    meets the same partner): across the update, that pair did not change."""
+    cdef int64_t i = 0, j = 0, kb = 0, ke = 0
+    sort_pairs(begun.pairs, begun.count)
+    sort_pairs(ended.pairs, ended.count)
+    while i < begun.count or j < ended.count:
+        if j == ended.count or (i < begun.count and (
+                begun.pairs[i].a < ended.pairs[j].a
+                or (begun.pairs[i].a == ended.pairs[j].a and begun.pairs[i].b < ended.pairs[j].b))):
+            begun.pairs[kb] = begun.pairs[i]
+            kb += 1
+            i += 1
+        elif i == begun.count or (ended.pairs[j].a < begun.pairs[i].a
+                or (ended.pairs[j].a == begun.pairs[i].a and ended.pairs[j].b < begun.pairs[i].b)):
+            ended.pairs[ke] = ended.pairs[j]
+            ke += 1
+            j += 1
+        else:
+            i += 1
+            j += 1
+    begun.count = kb
+    ended.count = ke
+    return 0
+
+
+cdef class Broadphase(TreeBase):
+    """Proxies (static or dynamic, with collision group and mask) whose overlapping pairs are
+    tracked: `update()` reports the pairs that began and ended since the previous call.
+
+    A pair exists when the tight boxes overlap (closed intervals), `a.group & b.mask` and
+    `b.group & a.mask` are both non-zero, and not both proxies are static.
+    """
+    cdef uint32_t *groups           # per proxy slot; all three arrays follow core.proxy_capacity
+    cdef uint32_t *masks
+    cdef Partners *partners
+    cdef int32_t slot_capacity
+    cdef int32_t *moved             # proxies flagged PROXY_MOVED since the last update()
+    cdef int64_t moved_count
+    cdef int64_t moved_capacity
+    cdef PairBuffer ended           # pairs of destroyed proxies, reported by the next update()
+
+    def __cinit__(self, *args, **kwargs):
+        self.groups = NULL
+        self.masks = NULL
+        self.partners = NULL
+        self.slot_capacity = 0
+        self.moved = NULL
+        self.moved_count = self.moved_capacity = 0
+        memset(&self.ended, 0, sizeof(PairBuffer))
+
+    def __init__(self, int dims=3, margin=0.05):
+        self.core.dims = validation.check_dims(dims)
+        self.core.margin = validation.check_margin(margin)
+
+    def __dealloc__(self):
+        cdef int32_t i
+        if self.partners != NULL:
+            for i in range(self.slot_capacity):
+                free(self.partners[i].items)
+        free(self.partners)
+        free(self.groups)
+        free(self.masks)
+        free(self.moved)
+        pairs_free(&self.ended)
+
+    def __repr__(self):
+        return f"dbvt.Broadphase(dims={self.core.dims}, margin={self.core.margin!r}) with {len(self)} proxies"
+
+    def __reduce__(self):
+        return (type(self).from_bytes, (self.to_bytes(),))
+
+    cdef int _reserve(self, int64_t extra_proxies, int64_t extra_moved) except -1:
+        """Grow every pool a batch may touch before it starts, so a batch never fails half done."""
+        cdef int32_t capacity, i
+        cdef int64_t need = self.moved_count + extra_moved
+        cdef int32_t *moved
+        cdef void *grown
+        if core_reserve(&self.core, extra_proxies) != 0:
+            raise MemoryError()
+        capacity = self.core.proxy_capacity
+        if capacity > self.slot_capacity:
+            grown = realloc(self.groups, capacity * sizeof(uint32_t))
+            if grown == NULL:
+                raise MemoryError()
+            self.groups = <uint32_t *>grown
+            grown = realloc(self.masks, capacity * sizeof(uint32_t))
+            if grown == NULL:
+                raise MemoryError()
+            self.masks = <uint32_t *>grown
+            grown = realloc(self.partners, capacity * sizeof(Partners))
+            if grown == NULL:
+                raise MemoryError()
+            self.partners = <Partners *>grown
+            for i in range(self.slot_capacity, capacity):
+                self.groups[i] = self.masks[i] = 0
+                self.partners[i].items = NULL
+                self.partners[i].count = self.partners[i].capacity = 0
+            self.slot_capacity = capacity
+        if need > self.moved_capacity:
+            need = max(need, 2 * self.moved_capacity)
+            moved = <int32_t *>realloc(self.moved, need * sizeof(int32_t))
+            if moved == NULL:
+                raise MemoryError()
+            self.moved = moved
+            self.moved_capacity = need
+        return 0
+
+    cdef inline void _mark_moved(self, int32_t proxy) noexcept nogil:
+        if not (self.core.proxies[proxy].flags & PROXY_MOVED):
+            self.core.proxies[proxy].flags |= PROXY_MOVED
+            self.moved[self.moved_count] = proxy
+            self.moved_count += 1
+
+    def create(self, ids, boxes, static=False, group=1, mask=0xFFFFFFFF):
+        """Add proxies; their pairs begin at the next update(). `static`, `group` and `mask` are
+        scalars or per-row arrays."""
+        id_arr = validation.as_ids(ids)
+        n = len(id_arr)
+        box_arr = validation.as_boxes(boxes, self.core.dims, n)
+        cdef const unsigned char[::1] statics = validation.as_flags(static, n, "static")
+        cdef const uint32_t[::1] group_view = validation.as_uint32(group, n, "group")
+        cdef const uint32_t[::1] mask_view = validation.as_uint32(mask, n, "mask")
+        self._check_new(id_arr)
+        self._reserve(n, n)
+        cdef int32_t[::1] proxies = self._add(id_arr, box_arr)
+        cdef Py_ssize_t i
+        cdef int32_t proxy
+        with nogil:
+            for i in range(n):
+                proxy = proxies[i]
+                self.groups[proxy] = group_view[i]
+                self.masks[proxy] = mask_view[i]
+                if statics[i]:
+                    self.core.proxies[proxy].flags |= PROXY_STATIC
+                self._mark_moved(proxy)
+        self._after_change()
+
+    def move(self, ids, boxes):
+        """Give proxies new tight boxes; returns how many were reinserted in the tree."""
+        id_arr = validation.as_ids(ids)
+        cdef const float[:, ::1] rows = validation.as_boxes(boxes, self.core.dims, len(id_arr))
+        cdef int32_t[::1] proxies = self._existing(id_arr)
+        cdef Py_ssize_t n = proxies.shape[0], i
+        cdef int64_t reinserted = 0
+        cdef float box[6]
+        self._reserve(0, n)
+        with nogil:
+            for i in range(n):
+                load_box(&rows[i, 0], self.core.dims, box)
+                reinserted += core_move(&self.core, proxies[i], box)
+                self._mark_moved(proxies[i])
+        self._after_change()
+        return reinserted
+
+    def destroy(self, ids):
+        """Remove proxies; their pairs are reported ended by the next update()."""
+        cdef int32_t[::1] proxies = self._existing(validation.as_ids(ids))
+        cdef Py_ssize_t n = proxies.shape[0], i
+        cdef int32_t proxy, other, k
+        cdef int64_t total = 0
+        cdef IdPair *grown
+        for i in range(n):
+            total += self.partners[proxies[i]].count
+        if self.ended.count + total > self.ended.capacity:
+            grown = <IdPair *>realloc(self.ended.pairs, (self.ended.count + total) * sizeof(IdPair))
+            if grown == NULL:
+                raise MemoryError()
+            self.ended.pairs = grown
+            self.ended.capacity = self.ended.count + total
+        with nogil:
+            for i in range(n):
+                proxy = proxies[i]
+                for k in range(self.partners[proxy].count):
+                    other = self.partners[proxy].items[k]
+                    partners_erase(&self.partners[other], proxy)
+                    pairs_push(&self.ended, self.core.proxies[proxy].id, self.core.proxies[other].id)
+                self.partners[proxy].count = 0
+                self.groups[proxy] = self.masks[proxy] = 0
+                core_remove(&self.core, proxy)
+        self._after_change()
+
+    def update(self):
+        """`(begun, ended)`: `(m, 2)` uint64 pairs (rows a < b, sorted) that started and stopped
+        overlapping since the previous update()."""
+        cdef PairBuffer begun
+        cdef PairBuffer ended = self.ended
+        cdef int status
+        memset(&begun, 0, sizeof(PairBuffer))
+        memset(&self.ended, 0, sizeof(PairBuffer))
+        with nogil:
+            status = self._track(&begun, &ended)
+            if status == 0:
+                cancel_common(&begun, &ended)
+        if status != 0:
+            pairs_free(&begun)
+            pairs_free(&ended)
+            raise MemoryError()
+        self._after_change()
+        return pair_array(&begun), pair_array(&ended)
+
+    cdef int _track(self, PairBuffer *begun, PairBuffer *ended) noexcept nogil:
+        """Re-query every moved proxy and merge what it touches now with its partner list."""
+        cdef TreeCore *t = &self.core
+        cdef Query q
+        cdef Stack stack
+        cdef Hits hits
+        cdef int64_t m, h, kept
+        cdef int32_t proxy, other, i, j
+        cdef Partners *mine
+        cdef int status = 0
+        memset(&stack, 0, sizeof(Stack))
+        memset(&hits, 0, sizeof(Hits))
+        q.kind = QUERY_BOX
+        q.groups = NULL
+        q.first_hit = False
+        for m in range(self.moved_count):
+            proxy = self.moved[m]
+            if (t.proxies[proxy].flags & (PROXY_LIVE | PROXY_MOVED)) != (PROXY_LIVE | PROXY_MOVED):
+                continue        # destroyed since, or listed twice after its slot was reused
+            t.proxies[proxy].flags &= ~PROXY_MOVED
+            # Stage 1: what the proxy touches now, filtered and sorted like its partner list.
+            memcpy(q.box, t.proxies[proxy].tight, sizeof(q.box))
+            hits.count = 0
+            if walk(t, &q, &stack, &hits) != 0:
+                status = -1
+                break
+            kept = 0
+            for h in range(hits.count):
+                other = hits.proxies[h]
+                if other != proxy and pair_allowed(t, self.groups, self.masks, proxy, other):
+                    hits.proxies[kept] = other
+                    kept += 1
+            hits.count = kept
+            sort_int32(hits.proxies, kept)
+            # Stage 2: merge old and new partners; the differences are the events.
+            mine = &self.partners[proxy]
+            i = 0
+            j = 0
+            while status == 0 and (i < mine.count or j < kept):
+                if j == kept or (i < mine.count and mine.items[i] < hits.proxies[j]):
+                    other = mine.items[i]
+                    partners_erase(&self.partners[other], proxy)
+                    status = pairs_push(ended, t.proxies[proxy].id, t.proxies[other].id)
+                    i += 1
+                elif i == mine.count or hits.proxies[j] < mine.items[i]:
+                    other = hits.proxies[j]
+                    status = partners_insert(&self.partners[other], proxy)
+                    if status == 0:
+                        status = pairs_push(begun, t.proxies[proxy].id, t.proxies[other].id)
+                    j += 1
+                else:
+                    i += 1
+                    j += 1
+            # Stage 3: the new list replaces the old.
+            if status != 0 or partners_reserve(mine, <int32_t>kept) != 0:
+                status = -1
+                break
+            if kept:
+                memcpy(mine.items, hits.proxies, kept * sizeof(int32_t))
+            mine.count = <int32_t>kept
+        if status == 0:
+            self.moved_count = 0
+        stack_free(&stack)
+        hits_free(&hits)
+        return status
+
+    def pairs(self):
+        """All current pairs, `(m, 2)` uint64 rows a < b, sorted. Exact even with moves pending."""
+        cdef PairBuffer buffer
+        cdef int status
+        memset(&buffer, 0, sizeof(PairBuffer))
+        with nogil:
+            status = self._current_pairs(&buffer)
+        if status != 0:
+            pairs_free(&buffer)
+            raise MemoryError()
+        return pair_array(&buffer)
+
+    cdef int _current_pairs(self, PairBuffer *out) noexcept nogil:
+        cdef TreeCore *t = &self.core
+        cdef int32_t proxy, other, k
+        cdef int64_t h
+        cdef Query q
+        cdef Stack stack
+        cdef Hits hits
+        cdef int status = 0
+        if self.moved_count == 0 and self.ended.count == 0:
+            # Nothing changed since update(): the partner lists are the answer.
+            for proxy in range(t.proxy_capacity):
+                if t.proxies[proxy].flags & PROXY_LIVE:
+                    for k in range(self.partners[proxy].count):
+                        other = self.partners[proxy].items[k]
+                        if other > proxy and pairs_push(out, t.proxies[proxy].id, t.proxies[other].id) != 0:
+                            return -1
+            sort_pairs(out.pairs, out.count)
+            return 0
+        memset(&stack, 0, sizeof(Stack))
+        memset(&hits, 0, sizeof(Hits))
+        q.kind = QUERY_BOX
+        q.groups = NULL
+        q.first_hit = False
+        for proxy in range(t.proxy_capacity):
+            if not (t.proxies[proxy].flags & PROXY_LIVE):
+                continue
+            memcpy(q.box, t.proxies[proxy].tight, sizeof(q.box))
+            hits.count = 0
+            if walk(t, &q, &stack, &hits) != 0:
+                status = -1
+                break
+            for h in range(hits.count):
+                other = hits.proxies[h]
+                if (other > proxy and pair_allowed(t, self.groups, self.masks, proxy, other)
+                        and pairs_push(out, t.proxies[proxy].id, t.proxies[other].id) != 0):
+                    status = -1
+                    break
+        stack_free(&stack)
+        hits_free(&hits)
+        if status == 0:
+            sort_pairs(out.pairs, out.count)
+        return status
+
+    def query_aabb(self, boxes, mask=None):
+        """CSR `(offsets, hits)` over static and dynamic proxies; `mask` keeps proxies whose group
+        shares a bit with it."""
+        if mask is None:
+            return self._query_aabb(boxes, 0xFFFFFFFF, NULL)
+        return self._query_aabb(boxes, validation.as_mask(mask), self.groups)
+
+    def query_sphere(self, centers, radii, mask=None):
+        if mask is None:
+            return self._query_sphere(centers, radii, 0xFFFFFFFF, NULL)
+        return self._query_sphere(centers, radii, validation.as_mask(mask), self.groups)
+
+    def raycast(self, segments, first_hit=False, mask=None):
+        if mask is None:
+            return self._raycast(segments, bool(first_hit), 0xFFFFFFFF, NULL)
+        return self._raycast(segments, bool(first_hit), validation.as_mask(mask), self.groups)
+
+    def query_frustum(self, planes, mask=None):
+        if mask is None:
+            return self._query_frustum(planes, 0xFFFFFFFF, NULL)
+        return self._query_frustum(planes, validation.as_mask(mask), self.groups)
+
+    def stats(self):
+        info = TreeBase.stats(self)
+        cdef int64_t pair_total = 0, partner_bytes = 0
+        cdef int32_t i
+        for i in range(self.slot_capacity):
+            pair_total += self.partners[i].count
+            partner_bytes += self.partners[i].capacity * sizeof(int32_t)
+        info["pairs"] = pair_total // 2
+        info["pending_moves"] = self.moved_count
+        info["memory_bytes"] += (self.slot_capacity * (2 * sizeof(uint32_t) + sizeof(Partners))
+                                 + partner_bytes + self.moved_capacity * sizeof(int32_t)
+                                 + self.ended.capacity * sizeof(IdPair))
+        return info
+
+    def validate(self):
+        """Tree invariants, then the pair lists: sorted, symmetric, between live proxies that may
+        pair, and (with nothing pending) exactly the overlapping pairs."""
+        TreeBase.validate(self)
+        cdef TreeCore *t = &self.core
+        cdef int32_t proxy, other, k
+        cdef Partners *mine
+        cdef const float *a
+        cdef const float *b
+        cdef int64_t listed = 0
+        for proxy in range(self.slot_capacity):
+            mine = &self.partners[proxy]
+            if not (t.proxies[proxy].flags & PROXY_LIVE):
+                if mine.count:
+                    raise RuntimeError("dbvt invariant broken: a free proxy has partners")
+                continue
+            for k in range(mine.count):
+                other = mine.items[k]
+                if other < 0 or other >= self.slot_capacity or not (t.proxies[other].flags & PROXY_LIVE):
+                    raise RuntimeError("dbvt invariant broken: a partner is not a live proxy")
+                if k and mine.items[k - 1] >= other:
+                    raise RuntimeError("dbvt invariant broken: a partner list is not sorted")
+                if not pair_allowed(t, self.groups, self.masks, proxy, other):
+                    raise RuntimeError("dbvt invariant broken: a pair the filter forbids")
+                if not self._lists(other, proxy):
+                    raise RuntimeError("dbvt invariant broken: a pair is listed on one side only")
+                listed += 1
+        if self.moved_count == 0 and self.ended.count == 0:
+            for proxy in range(self.slot_capacity):
+                if not (t.proxies[proxy].flags & PROXY_LIVE):
+                    continue
+                for k in range(self.partners[proxy].count):
+                    a = t.proxies[proxy].tight
+                    b = t.proxies[self.partners[proxy].items[k]].tight
+                    if not (a[0] <= b[3] and b[0] <= a[3] and a[1] <= b[4] and b[1] <= a[4]
+                            and a[2] <= b[5] and b[2] <= a[5]):
+                        raise RuntimeError("dbvt invariant broken: a listed pair does not overlap")
+            if listed // 2 != len(self.pairs()):
+                raise RuntimeError("dbvt invariant broken: overlapping pairs are missing from the lists")
+
+    cdef bint _lists(self, int32_t proxy, int32_t other):
+        cdef int32_t k
+        for k in range(self.partners[proxy].count):
+            if self.partners[proxy].items[k] == other:
+                return True
+        return False
+
+    def to_bytes(self):
+        """The tree, then per-proxy groups and masks, the partner lists, pending moves and ends."""
+        cdef int32_t i
+        cdef int64_t total = 0
+        for i in range(self.slot_capacity):
+            total += self.partners[i].count
+        parts = [self._tree_bytes(), _STATE.pack(self.moved_count, self.ended.count, total)]
+        capacity = self.core.proxy_capacity
+        groups = np.zeros(capacity, "<u4")
+        masks = np.zeros(capacity, "<u4")
+        counts = np.zeros(capacity, "<i4")
+        items = np.empty(total, "<i4")
+        cdef int64_t at = 0
+        for i in range(self.slot_capacity):
+            groups[i] = self.groups[i]
+            masks[i] = self.masks[i]
+            counts[i] = self.partners[i].count
+            for k in range(self.partners[i].count):
+                items[at] = self.partners[i].items[k]
+                at += 1
+        moved = np.array([self.moved[k] for k in range(self.moved_count)], "<i4")
+        ended = np.array([(self.ended.pairs[k].a, self.ended.pairs[k].b) for k in range(self.ended.count)],
+                         "<u8").reshape(-1, 2)
+        parts += [groups.tobytes(), masks.tobytes(), counts.tobytes(), items.tobytes(),
+                  moved.tobytes(), ended.tobytes()]
+        return b"".join(parts)
+
+    @classmethod
+    def from_bytes(cls, data):
+        cdef Broadphase bp = cls()
+        view = memoryview(data).cast("B")
+        at = bp._load_tree(view)
+        if len(view) < at + _STATE.size:
+            raise ValueError("data is too short for a dbvt broadphase")
+        moved_count, ended_count, total = _STATE.unpack(bytes(view[at:at + _STATE.size]))
+        at += _STATE.size
+        capacity = bp.core.proxy_capacity
+        sizes = [4 * capacity, 4 * capacity, 4 * capacity, 4 * total, 4 * moved_count, 16 * ended_count]
+        if min(sizes) < 0 or len(view) != at + sum(sizes):
+            raise ValueError("corrupt dbvt broadphase data: wrong length")
+        arrays = []
+        for size, dtype in zip(sizes, ["<u4", "<u4", "<i4", "<i4", "<i4", "<u8"]):
+            arrays.append(np.frombuffer(view[at:at + size], dtype))
+            at += size
+        groups, masks, counts, items, moved, ended = arrays
+        if (counts < 0).any() or counts.sum() != total or ((items < 0) | (items >= capacity)).any():
+            raise ValueError("corrupt dbvt broadphase data: partner lists out of range")
+        if ((moved < 0) | (moved >= capacity)).any():
+            raise ValueError("corrupt dbvt broadphase data: moved proxies out of range")
+        bp._reserve(0, moved_count)
+        cdef int32_t i
+        offset = 0
+        for i in range(capacity):
+            bp.groups[i] = groups[i]
+            bp.masks[i] = masks[i]
+            if counts[i] and partners_reserve(&bp.partners[i], counts[i]) != 0:
+                raise MemoryError()
+            for k in range(counts[i]):
+                bp.partners[i].items[k] = items[offset + k]
+            bp.partners[i].count = counts[i]
+            offset += counts[i]
+        for k in range(moved_count):
+            bp.moved[k] = moved[k]
+        bp.moved_count = moved_count
+        for a, b in ended.reshape(-1, 2):
+            if pairs_push(&bp.ended, a, b) != 0:
+                raise MemoryError()
+        try:
+            bp.validate()
+        except RuntimeError as exc:
+            raise ValueError(f"corrupt dbvt broadphase data: {exc}") from None
+        return bp

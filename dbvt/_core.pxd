@@ -1,0 +1,144 @@
+# The dbvt core's header: C structs and the nogil functions `_broadphase` shares with `_tree`.
+#
+# Exception contract: functions returning `int` return 0 on success and -1 when memory ran out (the
+# caller raises MemoryError after leaving nogil); `void` functions cannot fail. No function here
+# touches Python objects.
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
+
+cdef enum:
+    NULL_REF = -2147483647 - 1     # no node; leaves are ~proxy (< 0), so the null must lie outside
+    MAX_PLANES = 32
+
+# Proxy.flags bits
+cdef enum:
+    PROXY_LIVE = 1                  # slot holds a proxy (else it is on the free list)
+    PROXY_MOVED = 2                 # created or moved since the broadphase's last update()
+    PROXY_STATIC = 4                # never paired with another static proxy
+    PROXY_SEEN = 8                  # scratch: already named earlier in the current batch
+
+# A tree reference is an int32: >= 0 names an internal node, < 0 a leaf (~proxy index).
+
+ctypedef struct Node:               # an internal node: 40 bytes
+    float box[6]                    # 24 B  bounds of everything below: min x y z, max x y z
+    int32_t child[2]                # 8 B   tree references to the two children
+    int32_t parent                  # 4 B   internal node above, NULL_REF at the root; next free node when free
+    int32_t height                  # 4 B   1 + the taller child's height (leaves have height 0); -1 when free
+
+ctypedef struct Proxy:              # a leaf: 64 bytes, one cache line
+    float fat[6]                    # 24 B  the box the tree holds: the tight box grown when (re)inserted
+    float tight[6]                  # 24 B  the user's box as given (2-D: z is 0); queries test this box
+    uint64_t id                     # 8 B   the user's id
+    int32_t parent                  # 4 B   internal node above, NULL_REF at the root; next free proxy when free
+    uint32_t flags                  # 4 B   PROXY_* bits
+
+ctypedef struct StackEntry:         # 8 bytes
+    int32_t ref                     # tree reference still to visit
+    uint32_t pending                # tests still to make below it: 0 = wholly inside the query volume
+
+ctypedef struct Stack:              # the one explicit stack of a walk; grows, never drops nodes
+    StackEntry *entries
+    int64_t count
+    int64_t capacity
+
+ctypedef struct Hits:               # what one query found: proxy indices, and entry fractions for rays
+    int32_t *proxies
+    double *fractions
+    int64_t count
+    int64_t capacity
+
+cdef enum QueryKind:
+    QUERY_BOX
+    QUERY_SPHERE
+    QUERY_RAY
+    QUERY_FRUSTUM
+
+ctypedef struct Query:
+    QueryKind kind
+    float box[6]                    # QUERY_BOX: the query box
+    double center[3]                # QUERY_SPHERE
+    double radius_sq
+    double origin[3]                # QUERY_RAY: the segment is origin + t * delta, t in [0, 1]
+    double delta[3]
+    double inv_delta[3]             # 1 / delta where delta != 0
+    double best_fraction            # QUERY_RAY with first_hit: nodes entered after this are skipped
+    bint first_hit
+    double planes[MAX_PLANES][4]    # QUERY_FRUSTUM: (nx, ny, nz, d), inside when n.p + d >= 0
+    int32_t plane_count
+    uint32_t mask                   # proxies whose group has no bit of mask are skipped...
+    const uint32_t *groups          # ...when groups (indexed by proxy) is not NULL
+
+ctypedef struct TreeCore:
+    Node *nodes                     # pool of internal nodes; WARNING: moves when the pool grows
+    int32_t node_capacity
+    int32_t node_count              # nodes in use
+    int32_t free_node               # head of the free list through Node.parent
+    Proxy *proxies                  # pool of leaves; WARNING: moves when the pool grows
+    int32_t proxy_capacity
+    int32_t proxy_count             # live proxies
+    int32_t free_proxy              # head of the free list through Proxy.parent
+    int32_t *slots                  # open-addressing id -> proxy index table, -1 = empty
+    int64_t slot_mask               # table size - 1 (a power of two)
+    int32_t root                    # tree reference, NULL_REF when empty
+    int32_t dims                    # 2 or 3; 2-D boxes are stored with z = [0, 0]
+    float margin                    # fat boxes are the tight box grown by this on every side
+
+
+ctypedef struct RayHit:             # a ray hit while sorting: 16 bytes
+    double fraction
+    uint64_t id
+
+ctypedef struct IdPair:             # a pair of user ids, a < b: 16 bytes
+    uint64_t a
+    uint64_t b
+
+ctypedef struct PairBuffer:
+    IdPair *pairs
+    int64_t count
+    int64_t capacity
+
+ctypedef struct Batch:              # the working memory and growing CSR output of a batch of queries
+    Stack stack
+    Hits hits
+    uint64_t *ids                   # every query's hits, one after another
+    double *fractions               # ray queries: each hit's entry fraction
+    int64_t count
+    int64_t capacity
+    RayHit *ray_hits                # scratch for sorting one ray's hits
+    int64_t ray_capacity
+
+
+cdef int core_init(TreeCore *t, int32_t dims, float margin) noexcept nogil
+cdef void core_free(TreeCore *t) noexcept nogil
+cdef int core_reserve(TreeCore *t, int64_t extra_proxies) noexcept nogil
+cdef int rehash(TreeCore *t, int64_t size) noexcept nogil
+cdef int32_t core_find(const TreeCore *t, uint64_t id) noexcept nogil
+cdef int32_t core_add(TreeCore *t, uint64_t id, const float *tight, bint into_tree) noexcept nogil
+cdef void core_insert_leaf(TreeCore *t, int32_t proxy) noexcept nogil
+cdef void core_remove(TreeCore *t, int32_t proxy) noexcept nogil
+cdef bint core_move(TreeCore *t, int32_t proxy, const float *tight) noexcept nogil
+cdef int core_rebuild(TreeCore *t) noexcept nogil
+cdef const char *core_check(const TreeCore *t) noexcept nogil
+cdef double core_area_ratio(const TreeCore *t) noexcept nogil
+cdef int32_t core_height(const TreeCore *t) noexcept nogil
+cdef int64_t core_memory(const TreeCore *t) noexcept nogil
+cdef void load_box(const float *row, int32_t dims, float *out) noexcept nogil
+
+cdef int walk(const TreeCore *t, Query *q, Stack *stack, Hits *hits) noexcept nogil
+cdef int hits_push(Hits *hits, int32_t proxy, double fraction) noexcept nogil
+cdef void stack_free(Stack *stack) noexcept nogil
+cdef void hits_free(Hits *hits) noexcept nogil
+cdef void sort_int32(int32_t *items, int64_t n) noexcept nogil
+cdef void sort_pairs(IdPair *pairs, int64_t n) noexcept nogil
+cdef int pairs_push(PairBuffer *buffer, uint64_t a, uint64_t b) noexcept nogil
+cdef void pairs_free(PairBuffer *buffer) noexcept nogil
+
+cdef void batch_free(Batch *b) noexcept nogil
+cdef int run_boxes(const TreeCore *t, Query *q, const float *rows, int64_t n,
+                   int64_t *offsets, Batch *b) noexcept nogil
+cdef int run_spheres(const TreeCore *t, Query *q, const float *centers, const float *radii,
+                     int64_t n, int64_t *offsets, Batch *b) noexcept nogil
+cdef int run_segments(const TreeCore *t, Query *q, const float *rows, int64_t n,
+                      int64_t *offsets, Batch *b) noexcept nogil
+cdef int run_frusta(const TreeCore *t, Query *q, const float *planes, int64_t n, int32_t k,
+                    int64_t *offsets, Batch *b) noexcept nogil
+cdef int self_pairs(const TreeCore *t, PairBuffer *out) noexcept nogil

@@ -1,0 +1,1362 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False, cdivision=True
+"""The dynamic AABB tree: pooled nodes, SAH insertion with rotations, binned-SAH rebuild, one walker.
+
+Leaves are not nodes: a tree reference >= 0 is an internal node, < 0 is ~proxy, and a proxy record
+holds both the fat box the tree is built on and the tight box that queries test. Every query walks the
+tree once with an explicit stack that grows; the query kinds differ only in two small predicates,
+`classify_node` and `test_leaf`.
+"""
+from libc.math cimport INFINITY
+from libc.stdint cimport INT32_MAX, int32_t, int64_t, uint32_t, uint64_t
+from libc.stdlib cimport free, malloc, realloc
+from libc.string cimport memcpy
+
+cdef extern from *:
+    """
+    #ifndef DBVT_DEBUG_CHECKS
+    #define DBVT_DEBUG_CHECKS 0
+    #endif
+    """
+    bint DBVT_DEBUG_CHECKS
+
+cdef enum:
+    BIN_COUNT = 16              # binned SAH: enough bins to find good splits, few enough to stay in L1
+    MIN_SLOTS = 16
+
+# A moved leaf's new fat box also covers this many more steps of the same displacement, so objects
+# moving steadily are reinserted about every other move instead of every move (Box2D's aabbMultiplier).
+cdef float PREDICTION_STEPS = 1.0
+
+
+
+# ---------------------------------------------------------------------------------------------
+# Boxes. Every box is float[6] = min x y z, max x y z; 2-D boxes have z = [0, 0].
+# Only min/max and monotone arithmetic touch stored bounds, so a parent always contains its children.
+
+cdef inline float box_cost(const float *b, bint planar) noexcept nogil:
+    """Half the surface area (3-D) or half the perimeter (2-D): the SAH's measure of a box."""
+    cdef float dx = b[3] - b[0]
+    cdef float dy = b[4] - b[1]
+    cdef float dz = b[5] - b[2]
+    if planar:
+        return dx + dy
+    return dx * dy + dy * dz + dz * dx
+
+
+cdef inline void union_box(float *out, const float *a, const float *b) noexcept nogil:
+    cdef int i
+    for i in range(3):
+        out[i] = a[i] if a[i] < b[i] else b[i]
+        out[i + 3] = a[i + 3] if a[i + 3] > b[i + 3] else b[i + 3]
+
+
+cdef inline float union_cost(const float *a, const float *b, bint planar) noexcept nogil:
+    cdef float u[6]
+    union_box(u, a, b)
+    return box_cost(u, planar)
+
+
+cdef inline bint box_contains(const float *outer, const float *inner) noexcept nogil:
+    return (outer[0] <= inner[0] and outer[1] <= inner[1] and outer[2] <= inner[2]
+            and inner[3] <= outer[3] and inner[4] <= outer[4] and inner[5] <= outer[5])
+
+
+cdef inline bint boxes_overlap(const float *a, const float *b) noexcept nogil:
+    return (a[0] <= b[3] and b[0] <= a[3] and a[1] <= b[4] and b[1] <= a[4]
+            and a[2] <= b[5] and b[2] <= a[5])
+
+
+cdef void load_box(const float *row, int32_t dims, float *out) noexcept nogil:
+    """A user row [min..., max...] of `dims` axes as a 3-D box."""
+    if dims == 3:
+        memcpy(out, row, 6 * sizeof(float))
+    else:
+        out[0] = row[0]; out[1] = row[1]; out[2] = 0.0
+        out[3] = row[2]; out[4] = row[3]; out[5] = 0.0
+
+
+cdef inline void store_box(const float *box, int32_t dims, float *row) noexcept nogil:
+    if dims == 3:
+        memcpy(row, box, 6 * sizeof(float))
+    else:
+        row[0] = box[0]; row[1] = box[1]; row[2] = box[3]; row[3] = box[4]
+
+
+cdef inline void fatten(const TreeCore *t, const float *tight, float *fat) noexcept nogil:
+    cdef int i
+    cdef int axes = t.dims
+    memcpy(fat, tight, 6 * sizeof(float))
+    for i in range(axes):
+        fat[i] = tight[i] - t.margin
+        fat[i + 3] = tight[i + 3] + t.margin
+
+
+# ---------------------------------------------------------------------------------------------
+# Tree references: internal node (>= 0) or leaf (~proxy).
+
+cdef inline float *ref_box(const TreeCore *t, int32_t ref) noexcept nogil:
+    if ref >= 0:
+        return t.nodes[ref].box
+    return t.proxies[~ref].fat
+
+
+cdef inline int32_t ref_height(const TreeCore *t, int32_t ref) noexcept nogil:
+    return t.nodes[ref].height if ref >= 0 else 0
+
+
+cdef inline int32_t ref_parent(const TreeCore *t, int32_t ref) noexcept nogil:
+    return t.nodes[ref].parent if ref >= 0 else t.proxies[~ref].parent
+
+
+cdef inline void set_parent(TreeCore *t, int32_t ref, int32_t parent) noexcept nogil:
+    if ref >= 0:
+        t.nodes[ref].parent = parent
+    else:
+        t.proxies[~ref].parent = parent
+
+
+cdef inline void replace_child(TreeCore *t, int32_t parent, int32_t old, int32_t new) noexcept nogil:
+    if parent == NULL_REF:
+        t.root = new
+    elif t.nodes[parent].child[0] == old:
+        t.nodes[parent].child[0] = new
+    else:
+        t.nodes[parent].child[1] = new
+    set_parent(t, new, parent)
+
+
+cdef inline bint refit(TreeCore *t, int32_t index) noexcept nogil:
+    """Recompute a node's box and height from its children; False when nothing changed."""
+    cdef Node *node = &t.nodes[index]
+    cdef float box[6]
+    cdef int32_t h0 = ref_height(t, node.child[0])
+    cdef int32_t h1 = ref_height(t, node.child[1])
+    cdef int32_t height = 1 + (h0 if h0 > h1 else h1)
+    union_box(box, ref_box(t, node.child[0]), ref_box(t, node.child[1]))
+    if height == node.height and box_contains(node.box, box) and box_contains(box, node.box):
+        return False
+    memcpy(node.box, box, sizeof(box))
+    node.height = height
+    return True
+
+
+# ---------------------------------------------------------------------------------------------
+# Pools and the id table. Growth can move `nodes`, `proxies` and `slots`: no pointer into them may
+# be held across core_reserve(); batch code reserves first, then works with nothing moving.
+
+cdef inline uint64_t mix64(uint64_t x) noexcept nogil:
+    """splitmix64's finaliser: user ids are often sequential, and linear probing needs them spread."""
+    x ^= x >> 30
+    x *= <uint64_t>0xbf58476d1ce4e5b9ULL
+    x ^= x >> 27
+    x *= <uint64_t>0x94d049bb133111ebULL
+    x ^= x >> 31
+    return x
+
+
+cdef int core_init(TreeCore *t, int32_t dims, float margin) noexcept nogil:
+    t.nodes = NULL
+    t.node_capacity = 0
+    t.node_count = 0
+    t.free_node = NULL_REF
+    t.proxies = NULL
+    t.proxy_capacity = 0
+    t.proxy_count = 0
+    t.free_proxy = NULL_REF
+    t.slots = NULL
+    t.slot_mask = -1
+    t.root = NULL_REF
+    t.dims = dims
+    t.margin = margin
+    return 0
+
+
+cdef void core_free(TreeCore *t) noexcept nogil:
+    free(t.nodes)
+    free(t.proxies)
+    free(t.slots)
+    t.nodes = NULL
+    t.proxies = NULL
+    t.slots = NULL
+    t.node_capacity = t.proxy_capacity = 0
+
+
+cdef int grow_nodes(TreeCore *t, int64_t capacity) noexcept nogil:
+    cdef int64_t i
+    cdef Node *nodes
+    if capacity <= t.node_capacity:
+        return 0
+    if capacity >= INT32_MAX:
+        return -1
+    nodes = <Node *>realloc(t.nodes, capacity * sizeof(Node))
+    if nodes == NULL:
+        return -1
+    t.nodes = nodes
+    # New slots go on the free list lowest index first, so fresh trees are laid out in order.
+    i = capacity - 1
+    while i >= t.node_capacity:
+        nodes[i].height = -1
+        nodes[i].parent = t.free_node
+        t.free_node = <int32_t>i
+        i -= 1
+    t.node_capacity = <int32_t>capacity
+    return 0
+
+
+cdef int grow_proxies(TreeCore *t, int64_t capacity) noexcept nogil:
+    cdef int64_t i
+    cdef Proxy *proxies
+    if capacity <= t.proxy_capacity:
+        return 0
+    if capacity >= INT32_MAX:
+        return -1
+    proxies = <Proxy *>realloc(t.proxies, capacity * sizeof(Proxy))
+    if proxies == NULL:
+        return -1
+    t.proxies = proxies
+    i = capacity - 1
+    while i >= t.proxy_capacity:
+        proxies[i].flags = 0
+        proxies[i].parent = t.free_proxy
+        t.free_proxy = <int32_t>i
+        i -= 1
+    t.proxy_capacity = <int32_t>capacity
+    return 0
+
+
+cdef void slot_insert(TreeCore *t, int32_t proxy) noexcept nogil:
+    cdef int64_t i = mix64(t.proxies[proxy].id) & t.slot_mask
+    while t.slots[i] >= 0:
+        i = (i + 1) & t.slot_mask
+    t.slots[i] = proxy
+
+
+cdef int rehash(TreeCore *t, int64_t size) noexcept nogil:
+    cdef int32_t *slots = <int32_t *>malloc(size * sizeof(int32_t))
+    cdef int64_t i
+    if slots == NULL:
+        return -1
+    for i in range(size):
+        slots[i] = -1
+    free(t.slots)
+    t.slots = slots
+    t.slot_mask = size - 1
+    for i in range(t.proxy_capacity):
+        if t.proxies[i].flags & PROXY_LIVE:
+            slot_insert(t, <int32_t>i)
+    return 0
+
+
+cdef void slot_delete(TreeCore *t, int32_t proxy) noexcept nogil:
+    cdef int64_t i = mix64(t.proxies[proxy].id) & t.slot_mask
+    cdef int64_t j, home
+    cdef int32_t other
+    cdef bint reachable
+    while t.slots[i] != proxy:
+        i = (i + 1) & t.slot_mask
+    # Backward-shift deletion: later entries of the probe run move into the hole when their home
+    # slot allows it, so lookups never need tombstones.
+    j = i
+    while True:
+        j = (j + 1) & t.slot_mask
+        other = t.slots[j]
+        if other < 0:
+            break
+        home = mix64(t.proxies[other].id) & t.slot_mask
+        if i <= j:
+            reachable = i < home <= j
+        else:
+            reachable = home > i or home <= j
+        if not reachable:
+            t.slots[i] = other
+            i = j
+    t.slots[i] = -1
+
+
+cdef int32_t core_find(const TreeCore *t, uint64_t id) noexcept nogil:
+    cdef int64_t i
+    cdef int32_t proxy
+    if t.slots == NULL:
+        return -1
+    i = mix64(id) & t.slot_mask
+    while True:
+        proxy = t.slots[i]
+        if proxy < 0 or t.proxies[proxy].id == id:
+            return proxy
+        i = (i + 1) & t.slot_mask
+
+
+cdef inline int64_t grown(int64_t have, int64_t need) noexcept nogil:
+    cdef int64_t more = have + have // 2
+    return need if need > more else more
+
+
+cdef int core_reserve(TreeCore *t, int64_t extra) noexcept nogil:
+    """Make room for `extra` more proxies, so that nothing allocates (or moves) until they are in."""
+    cdef int64_t live = t.proxy_count + extra
+    cdef int64_t size = MIN_SLOTS
+    if live > t.proxy_capacity and grow_proxies(t, grown(t.proxy_capacity, live)) != 0:
+        return -1
+    if live - 1 > t.node_capacity and grow_nodes(t, grown(t.node_capacity, live - 1)) != 0:
+        return -1
+    while size < 2 * live:       # load factor <= 1/2 keeps linear probes short
+        size *= 2
+    if size > t.slot_mask + 1:
+        return rehash(t, size)
+    return 0
+
+
+cdef inline int32_t alloc_node(TreeCore *t) noexcept nogil:
+    cdef int32_t index = t.free_node
+    t.free_node = t.nodes[index].parent
+    t.node_count += 1
+    return index
+
+
+cdef inline void free_node(TreeCore *t, int32_t index) noexcept nogil:
+    t.nodes[index].height = -1
+    t.nodes[index].parent = t.free_node
+    t.free_node = index
+    t.node_count -= 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Insertion (Box2D v3's one greedy SAH descent, then refit and rotate on the way up) and removal.
+
+cdef int32_t find_best_sibling(const TreeCore *t, const float *box) noexcept nogil:
+    """The reference whose pairing with `box` under a new parent costs least, by branch and bound
+    along a single path: `inherited` is what the ancestors' growth costs, the lower bounds are
+    what a subtree could cost at best."""
+    cdef bint planar = t.dims == 2
+    cdef float area = box_cost(box, planar)
+    cdef int32_t index = t.root
+    cdef float area_base = box_cost(ref_box(t, index), planar)
+    cdef float direct = union_cost(ref_box(t, index), box, planar)
+    cdef float inherited = 0.0
+    cdef int32_t best = index
+    cdef float best_cost = direct
+    cdef int32_t child1, child2
+    cdef float *box1
+    cdef float *box2
+    cdef float direct1, direct2, area1, area2, lower1, lower2, cost, d
+    cdef int i
+    while index >= 0:
+        child1 = t.nodes[index].child[0]
+        child2 = t.nodes[index].child[1]
+        cost = direct + inherited
+        if cost < best_cost:
+            best = index
+            best_cost = cost
+        inherited += direct - area_base
+
+        box1 = ref_box(t, child1)
+        direct1 = union_cost(box1, box, planar)
+        lower1 = INFINITY
+        area1 = 0.0
+        if child1 < 0:
+            if direct1 + inherited < best_cost:
+                best = child1
+                best_cost = direct1 + inherited
+        else:
+            area1 = box_cost(box1, planar)
+            lower1 = inherited + direct1 + (area - area1 if area < area1 else 0.0)
+
+        box2 = ref_box(t, child2)
+        direct2 = union_cost(box2, box, planar)
+        lower2 = INFINITY
+        area2 = 0.0
+        if child2 < 0:
+            if direct2 + inherited < best_cost:
+                best = child2
+                best_cost = direct2 + inherited
+        else:
+            area2 = box_cost(box2, planar)
+            lower2 = inherited + direct2 + (area - area2 if area < area2 else 0.0)
+
+        if child1 < 0 and child2 < 0:
+            break
+        if best_cost <= lower1 and best_cost <= lower2:
+            break
+        if lower1 == lower2 and child1 >= 0:
+            # Both children contain the box (equal bounds): the nearer centre breaks the tie, so
+            # boxes with equal centres spread over both sides instead of building a chain.
+            lower1 = 0.0
+            lower2 = 0.0
+            for i in range(3):
+                d = (box1[i] + box1[i + 3]) - (box[i] + box[i + 3])
+                lower1 += d * d
+                d = (box2[i] + box2[i + 3]) - (box[i] + box[i + 3])
+                lower2 += d * d
+        if lower1 < lower2 and child1 >= 0:
+            index = child1
+            area_base = area1
+            direct = direct1
+        else:
+            index = child2
+            area_base = area2
+            direct = direct2
+    return best
+
+
+cdef void rotate(TreeCore *t, int32_t a) noexcept nogil:
+    """Swap a child of `a` with a grandchild on the other side when that shrinks the SAH cost
+    (only the changed child's area changes) and does not make `a` taller."""
+    cdef bint planar = t.dims == 2
+    cdef int32_t b = t.nodes[a].child[0]
+    cdef int32_t c = t.nodes[a].child[1]
+    cdef int32_t best_up = NULL_REF, best_down = NULL_REF, best_mid = NULL_REF
+    cdef float best_gain = 0.0
+    cdef int side, k
+    cdef int32_t down, mid, up, keep, height
+    cdef float gain
+    if t.nodes[a].height < 2:
+        return
+    # side 0: b goes down into c, swapping with a child of c; side 1: the mirror image.
+    for side in range(2):
+        down = b if side == 0 else c
+        mid = c if side == 0 else b
+        if mid < 0:
+            continue
+        for k in range(2):
+            up = t.nodes[mid].child[k]
+            keep = t.nodes[mid].child[1 - k]
+            height = 1 + max(ref_height(t, up),
+                             1 + max(ref_height(t, down), ref_height(t, keep)))
+            if height > t.nodes[a].height:
+                continue
+            gain = box_cost(t.nodes[mid].box, planar) - union_cost(ref_box(t, down), ref_box(t, keep), planar)
+            if gain > best_gain:
+                best_gain = gain
+                best_up = up
+                best_down = down
+                best_mid = mid
+    if best_mid == NULL_REF:
+        return
+    if t.nodes[a].child[0] == best_down:
+        t.nodes[a].child[0] = best_up
+    else:
+        t.nodes[a].child[1] = best_up
+    if t.nodes[best_mid].child[0] == best_up:
+        t.nodes[best_mid].child[0] = best_down
+    else:
+        t.nodes[best_mid].child[1] = best_down
+    set_parent(t, best_up, a)
+    set_parent(t, best_down, best_mid)
+    refit(t, best_mid)
+    refit(t, a)
+
+
+cdef void insert_leaf(TreeCore *t, int32_t proxy) noexcept nogil:
+    cdef int32_t leaf = ~proxy
+    cdef int32_t sibling, old_parent, parent, index
+    cdef float *fat = t.proxies[proxy].fat
+    if t.root == NULL_REF:
+        t.root = leaf
+        t.proxies[proxy].parent = NULL_REF
+        return
+    # Stage 1: where the new leaf costs least.
+    sibling = find_best_sibling(t, fat)
+    # Stage 2: a new parent joins the sibling and the leaf.
+    old_parent = ref_parent(t, sibling)
+    parent = alloc_node(t)
+    union_box(t.nodes[parent].box, fat, ref_box(t, sibling))
+    t.nodes[parent].child[0] = sibling
+    t.nodes[parent].child[1] = leaf
+    t.nodes[parent].height = 1 + ref_height(t, sibling)
+    replace_child(t, old_parent, sibling, parent)
+    set_parent(t, sibling, parent)
+    set_parent(t, leaf, parent)
+    # Stage 3: refit the ancestors and let rotations undo what greedy insertion got wrong.
+    index = parent
+    while index != NULL_REF:
+        refit(t, index)
+        rotate(t, index)
+        index = t.nodes[index].parent
+
+
+cdef void remove_leaf(TreeCore *t, int32_t proxy) noexcept nogil:
+    cdef int32_t leaf = ~proxy
+    cdef int32_t parent = t.proxies[proxy].parent
+    cdef int32_t grand, sibling, index
+    t.proxies[proxy].parent = NULL_REF
+    if parent == NULL_REF:
+        t.root = NULL_REF
+        return
+    grand = t.nodes[parent].parent
+    sibling = t.nodes[parent].child[0] if t.nodes[parent].child[1] == leaf else t.nodes[parent].child[1]
+    replace_child(t, grand, parent, sibling)
+    free_node(t, parent)
+    # Ancestors only shrink; once one is unchanged, so is everything above it.
+    index = grand
+    while index != NULL_REF and refit(t, index):
+        index = t.nodes[index].parent
+
+
+cdef int32_t core_add(TreeCore *t, uint64_t id, const float *tight, bint into_tree) noexcept nogil:
+    """Take a free proxy for `id` (core_reserve() first); into_tree=False leaves it for a rebuild."""
+    cdef int32_t proxy = t.free_proxy
+    cdef Proxy *p = &t.proxies[proxy]
+    t.free_proxy = p.parent
+    memcpy(p.tight, tight, 6 * sizeof(float))
+    fatten(t, tight, p.fat)
+    p.id = id
+    p.flags = PROXY_LIVE
+    p.parent = NULL_REF
+    t.proxy_count += 1
+    slot_insert(t, proxy)
+    if into_tree:
+        insert_leaf(t, proxy)
+    return proxy
+
+
+cdef void core_remove(TreeCore *t, int32_t proxy) noexcept nogil:
+    remove_leaf(t, proxy)
+    slot_delete(t, proxy)
+    t.proxies[proxy].flags = 0
+    t.proxies[proxy].parent = t.free_proxy
+    t.free_proxy = proxy
+    t.proxy_count -= 1
+
+
+cdef bint core_move(TreeCore *t, int32_t proxy, const float *tight) noexcept nogil:
+    """Give a proxy a new tight box; reinsert it only when the box left its fat box."""
+    cdef Proxy *p = &t.proxies[proxy]
+    cdef float shift, limit
+    cdef float fat[6]
+    cdef int i
+    if box_contains(p.fat, tight):
+        memcpy(p.tight, tight, 6 * sizeof(float))
+        return False
+    fatten(t, tight, fat)
+    for i in range(t.dims):
+        # Predict the next move from this one, but never by more than the box's own size: a
+        # teleport must not leave a huge fat box behind.
+        shift = PREDICTION_STEPS * (tight[i] - p.tight[i])
+        limit = tight[i + 3] - tight[i] + t.margin
+        if shift > limit:
+            shift = limit
+        elif shift < -limit:
+            shift = -limit
+        if shift < 0:
+            fat[i] += shift
+        else:
+            fat[i + 3] += shift
+    remove_leaf(t, proxy)
+    p = &t.proxies[proxy]
+    memcpy(p.tight, tight, 6 * sizeof(float))
+    memcpy(p.fat, fat, 6 * sizeof(float))
+    insert_leaf(t, proxy)
+    return True
+
+
+
+
+# ---------------------------------------------------------------------------------------------
+# Rebuild: top-down binned SAH over every live proxy (also the bulk path of an insert into an
+# empty tree). Nodes come out in depth-first order, so a walk reads the pool mostly forwards.
+
+ctypedef struct BuildTask:
+    int64_t start                   # the task's leaves are refs[start:start + count]
+    int64_t count
+    int32_t parent                  # node that receives the subtree, NULL_REF for the root
+    int32_t slot                    # which child of parent
+
+
+cdef int64_t split_range(const TreeCore *t, int32_t *refs, float *centers, int64_t start,
+                         int64_t count, float *bounds) noexcept nogil:
+    """Bound refs[start:start+count] into `bounds` and partition them by the cheapest of the
+    binned SAH planes; returns how many go left. Equal centres fall back to halving, which keeps
+    piles of identical boxes balanced."""
+    cdef bint planar = t.dims == 2
+    cdef float cmin[3]
+    cdef float cmax[3]
+    cdef float bin_box[BIN_COUNT][6]
+    cdef int64_t bin_count[BIN_COUNT]
+    cdef float left_cost[BIN_COUNT]
+    cdef float acc[6]
+    cdef float *box
+    cdef float c, extent, scale, cost, best_cost
+    cdef int64_t i, j, n_left, n_right, left
+    cdef int axis, k, b, best_split
+    for k in range(3):
+        cmin[k] = cmax[k] = centers[3 * start + k]
+    memcpy(bounds, ref_box(t, refs[start]), 6 * sizeof(float))
+    for i in range(start + 1, start + count):
+        union_box(bounds, bounds, ref_box(t, refs[i]))
+        for k in range(3):
+            c = centers[3 * i + k]
+            if c < cmin[k]:
+                cmin[k] = c
+            if c > cmax[k]:
+                cmax[k] = c
+    axis = 0
+    for k in range(1, 3):
+        if cmax[k] - cmin[k] > cmax[axis] - cmin[axis]:
+            axis = k
+    extent = cmax[axis] - cmin[axis]
+    if count <= 2 or extent <= 0.0:
+        return count // 2
+
+    # Stage 1: drop every centre into one of BIN_COUNT slabs along the axis.
+    scale = BIN_COUNT / extent
+    for b in range(BIN_COUNT):
+        bin_count[b] = 0
+    for i in range(start, start + count):
+        b = <int>((centers[3 * i + axis] - cmin[axis]) * scale)
+        if b >= BIN_COUNT:
+            b = BIN_COUNT - 1
+        box = ref_box(t, refs[i])
+        if bin_count[b] == 0:
+            memcpy(bin_box[b], box, 6 * sizeof(float))
+        else:
+            union_box(bin_box[b], bin_box[b], box)
+        bin_count[b] += 1
+
+    # Stage 2: sweep from the left, then from the right, costing each plane between bins.
+    n_left = 0
+    for b in range(BIN_COUNT - 1):
+        if bin_count[b]:
+            if n_left == 0:
+                memcpy(acc, bin_box[b], sizeof(acc))
+            else:
+                union_box(acc, acc, bin_box[b])
+            n_left += bin_count[b]
+        left_cost[b] = box_cost(acc, planar) * n_left if n_left else 0.0
+    best_split = -1
+    best_cost = INFINITY
+    n_right = 0
+    for b in range(BIN_COUNT - 1, 0, -1):
+        if bin_count[b]:
+            if n_right == 0:
+                memcpy(acc, bin_box[b], sizeof(acc))
+            else:
+                union_box(acc, acc, bin_box[b])
+            n_right += bin_count[b]
+        if n_right == 0 or n_right == count:
+            continue
+        cost = left_cost[b - 1] + box_cost(acc, planar) * n_right
+        if cost < best_cost:
+            best_cost = cost
+            best_split = b
+    if best_split < 0:
+        return count // 2
+
+    # Stage 3: partition in place; bins below the split go left.
+    left = start
+    for i in range(start, start + count):
+        b = <int>((centers[3 * i + axis] - cmin[axis]) * scale)
+        if b >= BIN_COUNT:
+            b = BIN_COUNT - 1
+        if b < best_split:
+            refs[left], refs[i] = refs[i], refs[left]
+            for k in range(3):
+                centers[3 * left + k], centers[3 * i + k] = centers[3 * i + k], centers[3 * left + k]
+            left += 1
+    return left - start
+
+
+cdef int core_rebuild(TreeCore *t) noexcept nogil:
+    cdef int64_t n = t.proxy_count
+    cdef int32_t *refs
+    cdef float *centers
+    cdef BuildTask *tasks
+    cdef BuildTask task
+    cdef int64_t i, k, n_tasks, n_left
+    cdef int32_t node, p
+    cdef float *fat
+    cdef float bounds[6]
+    if n == 0:
+        t.root = NULL_REF
+        return 0
+    if n - 1 > t.node_capacity and grow_nodes(t, n - 1) != 0:
+        return -1
+    refs = <int32_t *>malloc(n * sizeof(int32_t))
+    centers = <float *>malloc(3 * n * sizeof(float))
+    tasks = <BuildTask *>malloc(n * sizeof(BuildTask))
+    if refs == NULL or centers == NULL or tasks == NULL:
+        free(refs); free(centers); free(tasks)
+        return -1
+
+    # Stage 1: gather the leaves and their centres.
+    k = 0
+    for p in range(t.proxy_capacity):
+        if t.proxies[p].flags & PROXY_LIVE:
+            fat = t.proxies[p].fat
+            refs[k] = ~p
+            for i in range(3):
+                centers[3 * k + i] = 0.5 * (fat[i] + fat[i + 3])
+            k += 1
+
+    # Stage 2: an empty node pool, free list in index order.
+    t.free_node = NULL_REF
+    i = t.node_capacity - 1
+    while i >= 0:
+        t.nodes[i].height = -1
+        t.nodes[i].parent = t.free_node
+        t.free_node = <int32_t>i
+        i -= 1
+    t.node_count = 0
+
+    # Stage 3: split top down; the left task is taken first, so nodes are numbered depth first.
+    tasks[0].start = 0
+    tasks[0].count = n
+    tasks[0].parent = NULL_REF
+    tasks[0].slot = 0
+    n_tasks = 1
+    while n_tasks:
+        n_tasks -= 1
+        task = tasks[n_tasks]
+        if task.count == 1:
+            node = refs[task.start]
+        else:
+            node = alloc_node(t)
+            n_left = split_range(t, refs, centers, task.start, task.count, bounds)
+            memcpy(t.nodes[node].box, bounds, sizeof(bounds))
+            tasks[n_tasks].start = task.start + n_left
+            tasks[n_tasks].count = task.count - n_left
+            tasks[n_tasks].parent = node
+            tasks[n_tasks].slot = 1
+            tasks[n_tasks + 1].start = task.start
+            tasks[n_tasks + 1].count = n_left
+            tasks[n_tasks + 1].parent = node
+            tasks[n_tasks + 1].slot = 0
+            n_tasks += 2
+        set_parent(t, node, task.parent)
+        if task.parent == NULL_REF:
+            t.root = node
+        else:
+            t.nodes[task.parent].child[task.slot] = node
+
+    # Stage 4: heights, children before parents (they were numbered after them).
+    i = t.node_count - 1
+    while i >= 0:
+        t.nodes[i].height = 1 + max(ref_height(t, t.nodes[i].child[0]), ref_height(t, t.nodes[i].child[1]))
+        i -= 1
+    free(refs)
+    free(centers)
+    free(tasks)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# The walker. Exactness: leaves are tested on their tight boxes with the same float64 arithmetic
+# as dbvt.reference; node tests use the same formulas on boxes that contain those tight boxes, and
+# rounding is monotone, so a node test never rejects a subtree holding a hit, and a node found
+# wholly inside the query volume only holds hits.
+
+cdef inline bint segment_hits(const Query *q, const float *b, double *entry) noexcept nogil:
+    """Slab test of the closed segment against a closed box; the entry fraction is clamped to 0."""
+    cdef double tmin = -INFINITY
+    cdef double tmax = INFINITY
+    cdef double t1, t2
+    cdef int i
+    for i in range(3):
+        if q.delta[i] == 0.0:
+            if q.origin[i] < b[i] or q.origin[i] > b[i + 3]:
+                return False
+        else:
+            t1 = (b[i] - q.origin[i]) * q.inv_delta[i]
+            t2 = (b[i + 3] - q.origin[i]) * q.inv_delta[i]
+            if t1 > t2:
+                t1, t2 = t2, t1
+            if t1 > tmin:
+                tmin = t1
+            if t2 < tmax:
+                tmax = t2
+    if tmin > tmax or tmax < 0.0 or tmin > 1.0:
+        return False
+    entry[0] = tmin if tmin > 0.0 else 0.0
+    return True
+
+
+cdef inline double plane_max(const double *plane, const float *b) noexcept nogil:
+    """n.p + d at the box's p-vertex (the corner furthest along n), summed in a fixed order."""
+    return ((plane[0] * (b[3] if plane[0] >= 0.0 else b[0])
+             + plane[1] * (b[4] if plane[1] >= 0.0 else b[1]))
+            + plane[2] * (b[5] if plane[2] >= 0.0 else b[2])) + plane[3]
+
+
+cdef inline double plane_min(const double *plane, const float *b) noexcept nogil:
+    return ((plane[0] * (b[0] if plane[0] >= 0.0 else b[3])
+             + plane[1] * (b[1] if plane[1] >= 0.0 else b[4]))
+            + plane[2] * (b[2] if plane[2] >= 0.0 else b[5])) + plane[3]
+
+
+cdef inline double sphere_gap(const Query *q, const float *b) noexcept nogil:
+    """Squared distance from the centre to the box's closest point."""
+    cdef double gap = 0.0, c, d
+    cdef int i
+    for i in range(3):
+        c = q.center[i]
+        if c < b[i]:
+            d = b[i] - c
+        elif c > b[i + 3]:
+            d = c - b[i + 3]
+        else:
+            d = 0.0
+        gap += d * d
+    return gap
+
+
+cdef inline double sphere_reach(const Query *q, const float *b) noexcept nogil:
+    """Squared distance from the centre to the box's furthest corner."""
+    cdef double reach = 0.0, lo, hi
+    cdef int i
+    for i in range(3):
+        lo = q.center[i] - b[i]
+        hi = b[i + 3] - q.center[i]
+        lo = lo if lo > hi else hi
+        reach += lo * lo
+    return reach
+
+
+cdef inline bint classify_node(const Query *q, const float *box, uint32_t *pending) noexcept nogil:
+    """False when the node can hold no hit; clears `pending` when all it holds are hits."""
+    cdef double entry
+    cdef uint32_t bits
+    cdef int j
+    if q.kind == QUERY_BOX:
+        if not boxes_overlap(q.box, box):
+            return False
+        if box_contains(q.box, box):
+            pending[0] = 0
+        return True
+    if q.kind == QUERY_SPHERE:
+        if sphere_gap(q, box) > q.radius_sq:
+            return False
+        if sphere_reach(q, box) <= q.radius_sq:
+            pending[0] = 0
+        return True
+    if q.kind == QUERY_RAY:
+        if not segment_hits(q, box, &entry):
+            return False
+        return not (q.first_hit and entry > q.best_fraction)
+    bits = pending[0]
+    for j in range(q.plane_count):
+        if bits & (<uint32_t>1 << j):
+            if plane_max(q.planes[j], box) < 0.0:
+                return False
+            if plane_min(q.planes[j], box) >= 0.0:
+                bits &= ~(<uint32_t>1 << j)
+    pending[0] = bits
+    return True
+
+
+cdef inline bint test_leaf(const Query *q, const float *tight, uint32_t pending, double *fraction) noexcept nogil:
+    cdef int j
+    if q.kind == QUERY_BOX:
+        return boxes_overlap(q.box, tight)
+    if q.kind == QUERY_SPHERE:
+        return sphere_gap(q, tight) <= q.radius_sq
+    if q.kind == QUERY_RAY:
+        return segment_hits(q, tight, fraction) and not (q.first_hit and fraction[0] > q.best_fraction)
+    for j in range(q.plane_count):
+        if (pending & (<uint32_t>1 << j)) and plane_max(q.planes[j], tight) < 0.0:
+            return False
+    return True
+
+
+cdef inline int stack_push(Stack *stack, int32_t ref, uint32_t pending) noexcept nogil:
+    cdef StackEntry *entries
+    cdef int64_t capacity
+    if stack.count == stack.capacity:
+        capacity = 2 * stack.capacity if stack.capacity else 64
+        entries = <StackEntry *>realloc(stack.entries, capacity * sizeof(StackEntry))
+        if entries == NULL:
+            return -1
+        stack.entries = entries
+        stack.capacity = capacity
+    stack.entries[stack.count].ref = ref
+    stack.entries[stack.count].pending = pending
+    stack.count += 1
+    return 0
+
+
+cdef int hits_push(Hits *hits, int32_t proxy, double fraction) noexcept nogil:
+    cdef int64_t capacity
+    cdef int32_t *proxies
+    cdef double *fractions
+    if hits.count == hits.capacity:
+        capacity = 2 * hits.capacity if hits.capacity else 64
+        proxies = <int32_t *>realloc(hits.proxies, capacity * sizeof(int32_t))
+        if proxies == NULL:
+            return -1
+        hits.proxies = proxies
+        fractions = <double *>realloc(hits.fractions, capacity * sizeof(double))
+        if fractions == NULL:
+            return -1
+        hits.fractions = fractions
+        hits.capacity = capacity
+    hits.proxies[hits.count] = proxy
+    hits.fractions[hits.count] = fraction
+    hits.count += 1
+    return 0
+
+
+cdef void stack_free(Stack *stack) noexcept nogil:
+    free(stack.entries)
+    stack.entries = NULL
+    stack.count = stack.capacity = 0
+
+
+cdef void hits_free(Hits *hits) noexcept nogil:
+    free(hits.proxies)
+    free(hits.fractions)
+    hits.proxies = NULL
+    hits.fractions = NULL
+    hits.count = hits.capacity = 0
+
+
+cdef int walk(const TreeCore *t, Query *q, Stack *stack, Hits *hits) noexcept nogil:
+    """Append to `hits` every proxy whose tight box the query touches (and whose group passes the
+    mask). One loop over one stack serves every query kind."""
+    cdef StackEntry entry
+    cdef int32_t proxy
+    cdef uint32_t pending
+    cdef double fraction
+    if t.root == NULL_REF:
+        return 0
+    stack.count = 0
+    pending = 1
+    if q.kind == QUERY_FRUSTUM:
+        pending = <uint32_t>0xFFFFFFFF if q.plane_count == 32 else (<uint32_t>1 << q.plane_count) - 1
+    if stack_push(stack, t.root, pending) != 0:
+        return -1
+    while stack.count:
+        stack.count -= 1
+        entry = stack.entries[stack.count]
+        if entry.ref < 0:
+            proxy = ~entry.ref
+            if q.groups != NULL and (q.groups[proxy] & q.mask) == 0:
+                continue
+            fraction = 0.0
+            if entry.pending == 0 or test_leaf(q, t.proxies[proxy].tight, entry.pending, &fraction):
+                if hits_push(hits, proxy, fraction) != 0:
+                    return -1
+                if q.first_hit and fraction < q.best_fraction:
+                    q.best_fraction = fraction
+            continue
+        pending = entry.pending
+        if pending and not classify_node(q, t.nodes[entry.ref].box, &pending):
+            continue
+        if (stack_push(stack, t.nodes[entry.ref].child[1], pending) != 0
+                or stack_push(stack, t.nodes[entry.ref].child[0], pending) != 0):
+            return -1
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Sorting the results: ids ascending, ray hits by (fraction, id), pairs lexicographically.
+
+ctypedef fused Sortable:
+    int32_t
+    uint64_t
+    RayHit
+    IdPair
+
+
+cdef inline bint before(const Sortable *x, const Sortable *y) noexcept nogil:
+    if Sortable is RayHit:
+        return x.fraction < y.fraction or (x.fraction == y.fraction and x.id < y.id)
+    elif Sortable is IdPair:
+        return x.a < y.a or (x.a == y.a and x.b < y.b)
+    else:
+        return x[0] < y[0]
+
+
+cdef void sort_items(Sortable *items, int64_t n) noexcept nogil:
+    """Quicksort (median-of-three Hoare partition, recursing into the smaller side) finished by
+    insertion sort; results are usually short and often nearly sorted."""
+    cdef int64_t lo = 0, hi = n, i, j, mid
+    cdef Sortable pivot, tmp
+    while hi - lo > 16:
+        mid = lo + (hi - lo - 1) // 2
+        if before(&items[mid], &items[lo]):
+            items[mid], items[lo] = items[lo], items[mid]
+        if before(&items[hi - 1], &items[mid]):
+            items[mid], items[hi - 1] = items[hi - 1], items[mid]
+            if before(&items[mid], &items[lo]):
+                items[mid], items[lo] = items[lo], items[mid]
+        pivot = items[mid]
+        i = lo - 1
+        j = hi
+        while True:
+            i += 1
+            while before(&items[i], &pivot):
+                i += 1
+            j -= 1
+            while before(&pivot, &items[j]):
+                j -= 1
+            if i >= j:
+                break
+            items[i], items[j] = items[j], items[i]
+        if j + 1 - lo < hi - (j + 1):
+            sort_items(items + lo, j + 1 - lo)
+            lo = j + 1
+        else:
+            sort_items(items + j + 1, hi - (j + 1))
+            hi = j + 1
+    for i in range(lo + 1, hi):
+        tmp = items[i]
+        j = i - 1
+        while j >= lo and before(&tmp, &items[j]):
+            items[j + 1] = items[j]
+            j -= 1
+        items[j + 1] = tmp
+
+
+cdef void sort_int32(int32_t *items, int64_t n) noexcept nogil:
+    sort_items(items, n)
+
+
+cdef void sort_pairs(IdPair *pairs, int64_t n) noexcept nogil:
+    sort_items(pairs, n)
+
+
+cdef int pairs_push(PairBuffer *buffer, uint64_t a, uint64_t b) noexcept nogil:
+    cdef int64_t capacity
+    cdef IdPair *pairs
+    if buffer.count == buffer.capacity:
+        capacity = 2 * buffer.capacity if buffer.capacity else 256
+        pairs = <IdPair *>realloc(buffer.pairs, capacity * sizeof(IdPair))
+        if pairs == NULL:
+            return -1
+        buffer.pairs = pairs
+        buffer.capacity = capacity
+    if a < b:
+        buffer.pairs[buffer.count].a = a
+        buffer.pairs[buffer.count].b = b
+    else:
+        buffer.pairs[buffer.count].a = b
+        buffer.pairs[buffer.count].b = a
+    buffer.count += 1
+    return 0
+
+
+cdef void pairs_free(PairBuffer *buffer) noexcept nogil:
+    free(buffer.pairs)
+    buffer.pairs = NULL
+    buffer.count = buffer.capacity = 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Batches of queries: one walk per query, its hits appended to one growing CSR output.
+
+cdef int batch_reserve(Batch *b, int64_t extra) noexcept nogil:
+    cdef int64_t capacity
+    cdef uint64_t *ids
+    cdef double *fractions
+    if b.count + extra <= b.capacity:
+        return 0
+    capacity = grown(b.capacity, b.count + extra)
+    if capacity < 1024:
+        capacity = 1024
+    ids = <uint64_t *>realloc(b.ids, capacity * sizeof(uint64_t))
+    if ids == NULL:
+        return -1
+    b.ids = ids
+    fractions = <double *>realloc(b.fractions, capacity * sizeof(double))
+    if fractions == NULL:
+        return -1
+    b.fractions = fractions
+    b.capacity = capacity
+    return 0
+
+
+cdef void batch_free(Batch *b) noexcept nogil:
+    free(b.ids)
+    free(b.fractions)
+    free(b.ray_hits)
+    stack_free(&b.stack)
+    hits_free(&b.hits)
+    b.ids = NULL
+    b.fractions = NULL
+    b.ray_hits = NULL
+    b.count = b.capacity = b.ray_capacity = 0
+
+
+cdef int finish_query(const TreeCore *t, const Query *q, Batch *b) noexcept nogil:
+    """Append the walk's hits to the output in the order the API promises."""
+    cdef int64_t n = b.hits.count, i
+    cdef RayHit *ray_hits
+    cdef uint64_t *ids
+    if batch_reserve(b, n) != 0:
+        return -1
+    ids = b.ids + b.count
+    if q.kind != QUERY_RAY:
+        for i in range(n):
+            ids[i] = t.proxies[b.hits.proxies[i]].id
+        sort_items(ids, n)
+        b.count += n
+        return 0
+    if n > b.ray_capacity:
+        ray_hits = <RayHit *>realloc(b.ray_hits, n * sizeof(RayHit))
+        if ray_hits == NULL:
+            return -1
+        b.ray_hits = ray_hits
+        b.ray_capacity = n
+    for i in range(n):
+        b.ray_hits[i].fraction = b.hits.fractions[i]
+        b.ray_hits[i].id = t.proxies[b.hits.proxies[i]].id
+    sort_items(b.ray_hits, n)
+    if q.first_hit and n > 1:
+        n = 1
+    for i in range(n):
+        ids[i] = b.ray_hits[i].id
+        b.fractions[b.count + i] = b.ray_hits[i].fraction
+    b.count += n
+    return 0
+
+
+cdef int run_one(const TreeCore *t, Query *q, Batch *b) noexcept nogil:
+    b.hits.count = 0
+    if walk(t, q, &b.stack, &b.hits) != 0:
+        return -1
+    return finish_query(t, q, b)
+
+
+cdef int run_boxes(const TreeCore *t, Query *q, const float *rows, int64_t n,
+                   int64_t *offsets, Batch *b) noexcept nogil:
+    cdef int64_t i
+    q.kind = QUERY_BOX
+    for i in range(n):
+        offsets[i] = b.count
+        load_box(rows + 2 * t.dims * i, t.dims, q.box)
+        if run_one(t, q, b) != 0:
+            return -1
+    offsets[n] = b.count
+    return 0
+
+
+cdef int run_spheres(const TreeCore *t, Query *q, const float *centers, const float *radii,
+                     int64_t n, int64_t *offsets, Batch *b) noexcept nogil:
+    cdef int64_t i
+    cdef int k
+    q.kind = QUERY_SPHERE
+    for i in range(n):
+        offsets[i] = b.count
+        q.center[2] = 0.0
+        for k in range(t.dims):
+            q.center[k] = centers[t.dims * i + k]
+        q.radius_sq = <double>radii[i] * <double>radii[i]
+        if run_one(t, q, b) != 0:
+            return -1
+    offsets[n] = b.count
+    return 0
+
+
+cdef int run_segments(const TreeCore *t, Query *q, const float *rows, int64_t n,
+                      int64_t *offsets, Batch *b) noexcept nogil:
+    cdef int64_t i
+    cdef int k
+    cdef const float *row
+    q.kind = QUERY_RAY
+    for i in range(n):
+        offsets[i] = b.count
+        row = rows + 2 * t.dims * i
+        for k in range(3):
+            q.origin[k] = 0.0
+            q.delta[k] = 0.0
+            q.inv_delta[k] = 0.0
+        for k in range(t.dims):
+            q.origin[k] = row[k]
+            q.delta[k] = <double>row[t.dims + k] - <double>row[k]
+            if q.delta[k] != 0.0:
+                q.inv_delta[k] = 1.0 / q.delta[k]
+        q.best_fraction = INFINITY
+        if run_one(t, q, b) != 0:
+            return -1
+    offsets[n] = b.count
+    return 0
+
+
+cdef int run_frusta(const TreeCore *t, Query *q, const float *planes, int64_t n, int32_t k,
+                    int64_t *offsets, Batch *b) noexcept nogil:
+    cdef int64_t i
+    cdef int j
+    cdef const float *plane
+    q.kind = QUERY_FRUSTUM
+    q.plane_count = k
+    for i in range(n):
+        offsets[i] = b.count
+        for j in range(k):
+            plane = planes + (t.dims + 1) * (i * k + j)
+            q.planes[j][0] = plane[0]
+            q.planes[j][1] = plane[1]
+            q.planes[j][2] = plane[2] if t.dims == 3 else 0.0
+            q.planes[j][3] = plane[t.dims]
+        if run_one(t, q, b) != 0:
+            return -1
+    offsets[n] = b.count
+    return 0
+
+
+cdef int self_pairs(const TreeCore *t, PairBuffer *out) noexcept nogil:
+    """Every overlapping pair of tight boxes: one box query per proxy, kept when the partner has a
+    higher index so each pair is found once."""
+    cdef Query q
+    cdef Stack stack
+    cdef Hits hits
+    cdef int32_t p, other
+    cdef int64_t i
+    cdef int status = 0
+    stack.entries = NULL
+    stack.count = stack.capacity = 0
+    hits.proxies = NULL
+    hits.fractions = NULL
+    hits.count = hits.capacity = 0
+    q.kind = QUERY_BOX
+    q.groups = NULL
+    q.first_hit = False
+    for p in range(t.proxy_capacity):
+        if not (t.proxies[p].flags & PROXY_LIVE):
+            continue
+        memcpy(q.box, t.proxies[p].tight, sizeof(q.box))
+        hits.count = 0
+        if walk(t, &q, &stack, &hits) != 0:
+            status = -1
+            break
+        for i in range(hits.count):
+            other = hits.proxies[i]
+            if other > p and pairs_push(out, t.proxies[p].id, t.proxies[other].id) != 0:
+                status = -1
+                break
+    stack_free(&stack)
+    hits_free(&hits)
+    if status == 0:
+        sort_items(out.pairs, out.count)
+    return status
+
+
+# ---------------------------------------------------------------------------------------------
+# Invariants. Also run on data from from_bytes(), so every index is range-checked before use.
+
+cdef const char *core_check(const TreeCore *t) noexcept nogil:
+    cdef int64_t live = 0, free_count = 0, leaves = 0, internal = 0, visited = 0
+    cdef int64_t used_slots = 0, limit
+    cdef int32_t i, ref, child, k
+    cdef int32_t *stack
+    cdef int64_t top = 0
+    cdef Node *node
+    cdef const char *problem = NULL
+    cdef float box[6]
+    for i in range(t.proxy_capacity):
+        if t.proxies[i].flags & PROXY_LIVE:
+            live += 1
+            for k in range(3):
+                if not (t.proxies[i].tight[k] <= t.proxies[i].tight[k + 3]):
+                    return b"a tight box has min > max"
+            if not box_contains(t.proxies[i].fat, t.proxies[i].tight):
+                return b"a fat box does not contain its tight box"
+            if core_find(t, t.proxies[i].id) != i:
+                return b"the id table does not find a live proxy"
+    if live != t.proxy_count:
+        return b"the proxy count disagrees with the live proxies"
+    if t.slots != NULL:
+        for limit in range(t.slot_mask + 1):
+            if t.slots[limit] >= 0:
+                used_slots += 1
+                if t.slots[limit] >= t.proxy_capacity or not (t.proxies[t.slots[limit]].flags & PROXY_LIVE):
+                    return b"the id table names a free proxy"
+    if used_slots != live:
+        return b"the id table holds a different number of proxies"
+    ref = t.free_proxy
+    while ref != NULL_REF:
+        if ref < 0 or ref >= t.proxy_capacity or t.proxies[ref].flags != 0 or free_count > t.proxy_capacity:
+            return b"the proxy free list is broken"
+        free_count += 1
+        ref = t.proxies[ref].parent
+    if free_count + live != t.proxy_capacity:
+        return b"the proxy free list misses free proxies"
+    free_count = 0
+    ref = t.free_node
+    while ref != NULL_REF:
+        if ref < 0 or ref >= t.node_capacity or t.nodes[ref].height != -1 or free_count > t.node_capacity:
+            return b"the node free list is broken"
+        free_count += 1
+        ref = t.nodes[ref].parent
+    if free_count + t.node_count != t.node_capacity:
+        return b"the node free list misses free nodes"
+    if t.root == NULL_REF:
+        if live or t.node_count:
+            return b"an empty tree holds proxies or nodes"
+        return NULL
+
+    limit = <int64_t>t.node_capacity + t.proxy_capacity + 1
+    stack = <int32_t *>malloc(limit * sizeof(int32_t))
+    if stack == NULL:
+        return b"out of memory while validating"
+    stack[0] = t.root
+    top = 1
+    if not ((t.root >= 0 and t.root < t.node_capacity and t.nodes[t.root].parent == NULL_REF)
+            or (t.root < 0 and ~t.root < t.proxy_capacity and t.proxies[~t.root].parent == NULL_REF)):
+        problem = b"the root is out of range or has a parent"
+    while top and problem == NULL:
+        top -= 1
+        ref = stack[top]
+        visited += 1
+        if visited > limit:
+            problem = b"the tree has a cycle"
+            break
+        if ref < 0:
+            if not (t.proxies[~ref].flags & PROXY_LIVE):
+                problem = b"a leaf names a free proxy"
+            leaves += 1
+            continue
+        node = &t.nodes[ref]
+        internal += 1
+        if node.height < 1:
+            problem = b"an internal node is free or has height < 1"
+            break
+        for k in range(2):
+            child = node.child[k]
+            if child >= t.node_capacity or (child < 0 and ~child >= t.proxy_capacity):
+                problem = b"a child reference is out of range"
+                break
+            if ref_parent(t, child) != ref:
+                problem = b"a child does not point back to its parent"
+                break
+            if not box_contains(node.box, ref_box(t, child)):
+                problem = b"a node box does not contain its child's box"
+                break
+            if top >= limit:
+                problem = b"the tree has a cycle"
+                break
+            stack[top] = child
+            top += 1
+        if problem == NULL and node.height != 1 + max(ref_height(t, node.child[0]), ref_height(t, node.child[1])):
+            problem = b"a node height is wrong"
+    free(stack)
+    if problem != NULL:
+        return problem
+    if leaves != live:
+        return b"the tree does not hold every live proxy exactly once"
+    if internal != t.node_count:
+        return b"the tree does not use every allocated node"
+    return NULL
+
+
+cdef double core_area_ratio(const TreeCore *t) noexcept nogil:
+    cdef double total = 0.0, root
+    cdef int32_t i
+    cdef bint planar = t.dims == 2
+    if t.root == NULL_REF:
+        return 0.0
+    root = box_cost(ref_box(t, t.root), planar)
+    for i in range(t.node_capacity):
+        if t.nodes[i].height > 0:
+            total += box_cost(t.nodes[i].box, planar)
+    return total / root if root > 0.0 else 0.0
+
+
+cdef int32_t core_height(const TreeCore *t) noexcept nogil:
+    return ref_height(t, t.root) if t.root != NULL_REF else 0
+
+
+cdef int64_t core_memory(const TreeCore *t) noexcept nogil:
+    return (<int64_t>t.node_capacity * sizeof(Node) + <int64_t>t.proxy_capacity * sizeof(Proxy)
+            + (t.slot_mask + 1) * sizeof(int32_t))
+
+
+cdef void core_insert_leaf(TreeCore *t, int32_t proxy) noexcept nogil:
+    insert_leaf(t, proxy)

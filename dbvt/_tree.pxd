@@ -1,0 +1,23 @@
+# The Python-facing base of Tree and Broadphase: one TreeCore and the glue every public call shares
+# (argument checks against the id table, batch queries into numpy CSR arrays, serialisation).
+from libc.stdint cimport int32_t, uint32_t, uint64_t
+
+from dbvt._core cimport PairBuffer, TreeCore
+
+
+cdef object pair_array(PairBuffer *buffer)
+
+
+cdef class TreeBase:
+    cdef TreeCore core
+
+    cdef object _existing(self, object ids)
+    cdef object _check_new(self, object ids)
+    cdef object _add(self, object ids, object boxes)
+    cdef object _query_aabb(self, object boxes, uint32_t mask, const uint32_t *groups)
+    cdef object _query_sphere(self, object centers, object radii, uint32_t mask, const uint32_t *groups)
+    cdef object _raycast(self, object segments, bint first_hit, uint32_t mask, const uint32_t *groups)
+    cdef object _query_frustum(self, object planes, uint32_t mask, const uint32_t *groups)
+    cdef bytes _tree_bytes(self)
+    cdef Py_ssize_t _load_tree(self, const unsigned char[::1] data) except -1
+    cdef void _after_change(self)

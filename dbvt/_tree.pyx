@@ -1,0 +1,450 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False, cdivision=True
+"""`dbvt.Tree`: the dynamic AABB tree as a Python class. Arguments are converted and checked once
+(`dbvt.validation`, then the id table), after which each batch runs in one nogil loop."""
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
+from libc.stdlib cimport calloc, free, malloc
+from libc.string cimport memcpy, memset
+
+import struct
+import sys
+
+import numpy as np
+
+from dbvt import validation
+
+from dbvt._core cimport (
+    NULL_REF, PROXY_LIVE, PROXY_SEEN, Batch, IdPair, Node, PairBuffer, Proxy, Query, TreeCore,
+    batch_free, core_add, core_area_ratio, core_check, core_find, core_free, core_height, core_init,
+    core_insert_leaf, core_memory, core_move, core_rebuild, core_remove, core_reserve, load_box,
+    pairs_free, rehash, run_boxes, run_frusta, run_segments, run_spheres, self_pairs,
+)
+
+cdef extern from *:
+    """
+    #ifndef DBVT_DEBUG_CHECKS
+    #define DBVT_DEBUG_CHECKS 0
+    #endif
+    """
+    bint DBVT_DEBUG_CHECKS
+
+FORMAT_VERSION = 1
+# magic, version, byte-order mark, dims, margin, node capacity, node count, free node,
+# proxy capacity, proxy count, free proxy, root
+_HEADER = struct.Struct("<4sIIif7i")
+_BYTE_ORDER_MARK = 0x01020304
+
+
+cdef object csr(Batch *b, object offsets, bint with_fractions):
+    """Hand a batch's output to numpy (one copy) and free it."""
+    hits = np.empty(b.count, np.uint64)
+    cdef uint64_t[::1] hit_view = hits
+    cdef double[::1] fraction_view
+    if b.count:
+        memcpy(&hit_view[0], b.ids, b.count * sizeof(uint64_t))
+    if not with_fractions:
+        batch_free(b)
+        return offsets, hits
+    fractions = np.empty(b.count, np.float64)
+    fraction_view = fractions
+    if b.count:
+        memcpy(&fraction_view[0], b.fractions, b.count * sizeof(double))
+    batch_free(b)
+    return offsets, hits, fractions
+
+
+cdef object pair_array(PairBuffer *buffer):
+    pairs = np.empty((buffer.count, 2), np.uint64)
+    cdef uint64_t[:, ::1] view = pairs
+    if buffer.count:
+        memcpy(&view[0, 0], buffer.pairs, buffer.count * sizeof(IdPair))
+    pairs_free(buffer)
+    return pairs
+
+
+cdef class TreeBase:
+    def __cinit__(self, *args, **kwargs):
+        core_init(&self.core, 3, 0.0)
+
+    def __dealloc__(self):
+        core_free(&self.core)
+
+    def __len__(self):
+        return self.core.proxy_count
+
+    def __contains__(self, id_):
+        if not isinstance(id_, (int, np.integer)) or not 0 <= id_ < 2 ** 64:
+            return False
+        return core_find(&self.core, <uint64_t>id_) >= 0
+
+    @property
+    def dims(self):
+        return self.core.dims
+
+    @property
+    def margin(self):
+        return self.core.margin
+
+    cdef void _after_change(self):
+        if DBVT_DEBUG_CHECKS:
+            self.validate()
+
+    cdef object _existing(self, object ids):
+        """Proxy indices of `ids`, which must be present and distinct."""
+        cdef const uint64_t[::1] id_view = ids
+        cdef Py_ssize_t n = id_view.shape[0], i, seen = 0, bad = -1
+        cdef bint duplicate = False
+        cdef int32_t proxy
+        proxies = np.empty(n, np.int32)
+        cdef int32_t[::1] out = proxies
+        with nogil:
+            for i in range(n):
+                proxy = core_find(&self.core, id_view[i])
+                if proxy < 0 or self.core.proxies[proxy].flags & PROXY_SEEN:
+                    bad = i
+                    duplicate = proxy >= 0
+                    break
+                self.core.proxies[proxy].flags |= PROXY_SEEN
+                out[i] = proxy
+                seen += 1
+            for i in range(seen):
+                self.core.proxies[out[i]].flags &= ~PROXY_SEEN
+        if bad >= 0:
+            if duplicate:
+                raise validation.duplicate_id(bad, id_view[bad])
+            raise validation.unknown_id(bad, id_view[bad])
+        return proxies
+
+    cdef object _check_new(self, object ids):
+        """Raise unless `ids` are distinct and all absent."""
+        cdef const uint64_t[::1] id_view = ids
+        cdef Py_ssize_t n = id_view.shape[0], i, bad = -1
+        cdef int64_t size = 16, slot
+        cdef bint duplicate = False
+        cdef uint64_t *keys
+        cdef unsigned char *used
+        while size < 2 * n:
+            size *= 2
+        keys = <uint64_t *>malloc(size * sizeof(uint64_t))
+        used = <unsigned char *>calloc(size, 1)
+        if keys == NULL or used == NULL:
+            free(keys)
+            free(used)
+            raise MemoryError()
+        with nogil:
+            for i in range(n):
+                slot = <int64_t>((id_view[i] * <uint64_t>0x9E3779B97F4A7C15ULL) >> 40) & (size - 1)
+                while used[slot] and keys[slot] != id_view[i]:
+                    slot = (slot + 1) & (size - 1)
+                if used[slot]:
+                    bad = i
+                    duplicate = True
+                    break
+                if core_find(&self.core, id_view[i]) >= 0:
+                    bad = i
+                    break
+                used[slot] = 1
+                keys[slot] = id_view[i]
+        free(keys)
+        free(used)
+        if bad >= 0:
+            if duplicate:
+                raise validation.duplicate_id(bad, id_view[bad])
+            raise validation.already_present(bad, id_view[bad])
+
+    cdef object _add(self, object ids, object boxes):
+        """Insert checked proxies; into an empty tree, by one binned-SAH build. Returns their indices."""
+        cdef const uint64_t[::1] id_view = ids
+        cdef const float[:, ::1] rows = boxes
+        cdef Py_ssize_t n = id_view.shape[0], i
+        cdef bint bulk = self.core.proxy_count == 0 and n > 1
+        cdef float box[6]
+        cdef int status = 0
+        proxies = np.empty(n, np.int32)
+        cdef int32_t[::1] out = proxies
+        if n == 0:
+            return proxies
+        if core_reserve(&self.core, n) != 0:
+            raise MemoryError()
+        with nogil:
+            for i in range(n):
+                load_box(&rows[i, 0], self.core.dims, box)
+                out[i] = core_add(&self.core, id_view[i], box, not bulk)
+            if bulk and core_rebuild(&self.core) != 0:
+                # No memory for the build: the pools are reserved, so one-by-one insertion can't fail.
+                for i in range(n):
+                    core_insert_leaf(&self.core, out[i])
+        return proxies
+
+    def get(self, ids):
+        """The tight boxes of `ids`, as given."""
+        id_arr = validation.as_ids(ids)
+        cdef int32_t[::1] proxies = self._existing(id_arr)
+        cdef Py_ssize_t n = proxies.shape[0], i, k
+        cdef int32_t dims = self.core.dims
+        boxes = np.empty((n, 2 * dims), np.float32)
+        cdef float[:, ::1] out = boxes
+        for i in range(n):
+            for k in range(dims):
+                out[i, k] = self.core.proxies[proxies[i]].tight[k]
+                out[i, dims + k] = self.core.proxies[proxies[i]].tight[3 + k]
+        return boxes
+
+    cdef object _query_aabb(self, object boxes, uint32_t mask, const uint32_t *groups):
+        cdef const float[:, ::1] rows = validation.as_boxes(boxes, self.core.dims)
+        cdef Py_ssize_t n = rows.shape[0]
+        offsets = np.empty(n + 1, np.int64)
+        cdef int64_t[::1] off = offsets
+        cdef const float *first = &rows[0, 0] if n else NULL
+        cdef Batch batch
+        cdef Query q
+        cdef int status
+        memset(&batch, 0, sizeof(Batch))
+        q.mask = mask
+        q.groups = groups
+        q.first_hit = False
+        with nogil:
+            status = run_boxes(&self.core, &q, first, n, &off[0], &batch)
+        if status != 0:
+            batch_free(&batch)
+            raise MemoryError()
+        return csr(&batch, offsets, False)
+
+    cdef object _query_sphere(self, object centers, object radii, uint32_t mask, const uint32_t *groups):
+        cdef const float[:, ::1] points = validation.as_points(centers, self.core.dims, "centers")
+        cdef Py_ssize_t n = points.shape[0]
+        cdef const float[::1] r = validation.as_radii(radii, n)
+        offsets = np.empty(n + 1, np.int64)
+        cdef int64_t[::1] off = offsets
+        cdef const float *first = &points[0, 0] if n else NULL
+        cdef const float *first_radius = &r[0] if n else NULL
+        cdef Batch batch
+        cdef Query q
+        cdef int status
+        memset(&batch, 0, sizeof(Batch))
+        q.mask = mask
+        q.groups = groups
+        q.first_hit = False
+        with nogil:
+            status = run_spheres(&self.core, &q, first, first_radius, n, &off[0], &batch)
+        if status != 0:
+            batch_free(&batch)
+            raise MemoryError()
+        return csr(&batch, offsets, False)
+
+    cdef object _raycast(self, object segments, bint first_hit, uint32_t mask, const uint32_t *groups):
+        cdef const float[:, ::1] rows = validation.as_segments(segments, self.core.dims)
+        cdef Py_ssize_t n = rows.shape[0]
+        offsets = np.empty(n + 1, np.int64)
+        cdef int64_t[::1] off = offsets
+        cdef const float *first = &rows[0, 0] if n else NULL
+        cdef Batch batch
+        cdef Query q
+        cdef int status
+        memset(&batch, 0, sizeof(Batch))
+        q.mask = mask
+        q.groups = groups
+        q.first_hit = first_hit
+        with nogil:
+            status = run_segments(&self.core, &q, first, n, &off[0], &batch)
+        if status != 0:
+            batch_free(&batch)
+            raise MemoryError()
+        return csr(&batch, offsets, True)
+
+    cdef object _query_frustum(self, object planes, uint32_t mask, const uint32_t *groups):
+        plane_arr = validation.as_planes(planes, self.core.dims)
+        cdef const float[:, :, ::1] rows = plane_arr
+        cdef Py_ssize_t n = rows.shape[0]
+        cdef int32_t k = <int32_t>rows.shape[1]
+        offsets = np.empty(n + 1, np.int64)
+        cdef int64_t[::1] off = offsets
+        cdef const float *first = &rows[0, 0, 0] if n else NULL
+        cdef Batch batch
+        cdef Query q
+        cdef int status
+        memset(&batch, 0, sizeof(Batch))
+        q.mask = mask
+        q.groups = groups
+        q.first_hit = False
+        with nogil:
+            status = run_frusta(&self.core, &q, first, n, k, &off[0], &batch)
+        if status != 0:
+            batch_free(&batch)
+            raise MemoryError()
+        return csr(&batch, offsets, False)
+
+    def rebuild(self):
+        """Rebuild the whole tree top down with the binned surface-area heuristic."""
+        cdef int status
+        with nogil:
+            status = core_rebuild(&self.core)
+        if status != 0:
+            raise MemoryError()
+        self._after_change()
+
+    def validate(self):
+        """Raise RuntimeError naming the first broken invariant."""
+        cdef const char *problem
+        with nogil:
+            problem = core_check(&self.core)
+        if problem != NULL:
+            raise RuntimeError(f"dbvt invariant broken: {problem.decode()}")
+
+    def stats(self):
+        """Size and quality: `area_ratio` is the summed surface area (2-D: perimeter) of the
+        internal nodes over the root's, lower is better."""
+        return {
+            "proxies": self.core.proxy_count,
+            "nodes": self.core.node_count + self.core.proxy_count,
+            "internal_nodes": self.core.node_count,
+            "height": core_height(&self.core),
+            "area_ratio": core_area_ratio(&self.core),
+            "memory_bytes": core_memory(&self.core),
+            "dims": self.core.dims,
+            "margin": self.core.margin,
+        }
+
+    cdef bytes _tree_bytes(self):
+        cdef TreeCore *t = &self.core
+        header = _HEADER.pack(b"DBVT", FORMAT_VERSION, _BYTE_ORDER_MARK, t.dims, t.margin,
+                              t.node_capacity, t.node_count, t.free_node,
+                              t.proxy_capacity, t.proxy_count, t.free_proxy, t.root)
+        nodes = (<char *>t.nodes)[:t.node_capacity * sizeof(Node)] if t.node_capacity else b""
+        proxies = (<char *>t.proxies)[:t.proxy_capacity * sizeof(Proxy)] if t.proxy_capacity else b""
+        return header + nodes + proxies
+
+    cdef Py_ssize_t _load_tree(self, const unsigned char[::1] data) except -1:
+        """Replace this (empty) tree by a serialised one; returns the bytes it used."""
+        cdef TreeCore *t = &self.core
+        cdef Py_ssize_t size = _HEADER.size, node_bytes, proxy_bytes
+        cdef int64_t slots = 16
+        cdef const char *problem
+        cdef int32_t i
+        if data.shape[0] < size:
+            raise ValueError("data is too short for a dbvt header")
+        (magic, version, mark, dims, margin, node_capacity, node_count, free_node,
+         proxy_capacity, proxy_count, free_proxy, root) = _HEADER.unpack(bytes(data[:size]))
+        if magic != b"DBVT":
+            raise ValueError("data is not a serialised dbvt structure (bad magic)")
+        if version != FORMAT_VERSION or mark != _BYTE_ORDER_MARK:
+            raise ValueError(f"unsupported dbvt format version {version} or byte order")
+        validation.check_dims(dims)
+        validation.check_margin(margin)
+        if not (0 <= node_count <= node_capacity and 0 <= proxy_count <= proxy_capacity):
+            raise ValueError("corrupt dbvt data: counts out of range")
+        node_bytes = node_capacity * sizeof(Node)
+        proxy_bytes = proxy_capacity * sizeof(Proxy)
+        if data.shape[0] < size + node_bytes + proxy_bytes:
+            raise ValueError("data is too short for the dbvt pools it declares")
+        core_free(t)
+        core_init(t, dims, margin)
+        t.nodes = <Node *>malloc(node_bytes if node_bytes else 1)
+        t.proxies = <Proxy *>malloc(proxy_bytes if proxy_bytes else 1)
+        if t.nodes == NULL or t.proxies == NULL:
+            raise MemoryError()
+        if node_bytes:
+            memcpy(t.nodes, &data[size], node_bytes)
+        if proxy_bytes:
+            memcpy(t.proxies, &data[size + node_bytes], proxy_bytes)
+        t.node_capacity, t.node_count, t.free_node = node_capacity, node_count, free_node
+        t.proxy_capacity, t.proxy_count, t.free_proxy, t.root = proxy_capacity, proxy_count, free_proxy, root
+        for i in range(proxy_capacity):
+            if t.proxies[i].flags & ~0xF:
+                raise ValueError("corrupt dbvt data: unknown proxy flags")
+        while slots < 2 * proxy_count:
+            slots *= 2
+        if rehash(t, slots) != 0:
+            raise MemoryError()
+        problem = core_check(t)
+        if problem != NULL:
+            core_free(t)
+            core_init(t, dims, margin)
+            raise ValueError(f"corrupt dbvt data: {problem.decode()}")
+        return size + node_bytes + proxy_bytes
+
+
+cdef class Tree(TreeBase):
+    """A dynamic AABB tree of user ids and boxes (Bullet's btDbvt, Box2D's b2DynamicTree).
+
+    `dims` is 2 or 3; boxes are float32 rows `[min..., max...]`. Leaves are fattened by `margin` so
+    that small moves do not reinsert them. Every query is exact on the tight boxes, closed intervals.
+    """
+
+    def __init__(self, int dims=3, margin=0.0):
+        self.core.dims = validation.check_dims(dims)
+        self.core.margin = validation.check_margin(margin)
+
+    def __repr__(self):
+        return f"dbvt.Tree(dims={self.core.dims}, margin={self.core.margin!r}) with {len(self)} proxies"
+
+    def __reduce__(self):
+        return (type(self).from_bytes, (self.to_bytes(),))
+
+    def insert(self, ids, boxes):
+        """Add proxies. Into an empty tree this is one bulk binned-SAH build."""
+        id_arr = validation.as_ids(ids)
+        box_arr = validation.as_boxes(boxes, self.core.dims, len(id_arr))
+        self._check_new(id_arr)
+        self._add(id_arr, box_arr)
+        self._after_change()
+
+    def update(self, ids, boxes):
+        """Give proxies new tight boxes; returns how many left their fat box and were reinserted."""
+        id_arr = validation.as_ids(ids)
+        cdef const float[:, ::1] rows = validation.as_boxes(boxes, self.core.dims, len(id_arr))
+        cdef int32_t[::1] proxies = self._existing(id_arr)
+        cdef Py_ssize_t n = proxies.shape[0], i
+        cdef int64_t moved = 0
+        cdef float box[6]
+        with nogil:
+            for i in range(n):
+                load_box(&rows[i, 0], self.core.dims, box)
+                moved += core_move(&self.core, proxies[i], box)
+        self._after_change()
+        return moved
+
+    def remove(self, ids):
+        cdef int32_t[::1] proxies = self._existing(validation.as_ids(ids))
+        cdef Py_ssize_t n = proxies.shape[0], i
+        with nogil:
+            for i in range(n):
+                core_remove(&self.core, proxies[i])
+        self._after_change()
+
+    def query_aabb(self, boxes):
+        """CSR `(offsets, hits)`: the ids whose box overlaps each query box, ascending."""
+        return self._query_aabb(boxes, 0xFFFFFFFF, NULL)
+
+    def query_sphere(self, centers, radii):
+        """CSR `(offsets, hits)`: the ids whose box is within `radius` of each centre."""
+        return self._query_sphere(centers, radii, 0xFFFFFFFF, NULL)
+
+    def raycast(self, segments, first_hit=False):
+        """`(offsets, hits, fractions)`: boxes each segment `from..., to...` touches, by entry
+        fraction then id; `first_hit` keeps the first of each."""
+        return self._raycast(segments, bool(first_hit), 0xFFFFFFFF, NULL)
+
+    def query_frustum(self, planes):
+        """CSR `(offsets, hits)`: boxes whose p-vertex is on the inner side of every plane."""
+        return self._query_frustum(planes, 0xFFFFFFFF, NULL)
+
+    def pairs(self):
+        """`(m, 2)` uint64: every overlapping pair of tight boxes, rows `a < b`, sorted."""
+        cdef PairBuffer buffer
+        cdef int status
+        memset(&buffer, 0, sizeof(PairBuffer))
+        with nogil:
+            status = self_pairs(&self.core, &buffer)
+        if status != 0:
+            pairs_free(&buffer)
+            raise MemoryError()
+        return pair_array(&buffer)
+
+    def to_bytes(self):
+        return self._tree_bytes()
+
+    @classmethod
+    def from_bytes(cls, data):
+        cdef Tree tree = cls()
+        tree._load_tree(memoryview(data).cast("B"))
+        return tree
