@@ -1,0 +1,98 @@
+"""Real dbvt-servers for the tests: in a thread of this process, or as a `dbvt-server` subprocess.
+
+Both listen on 127.0.0.1 port 0 and report the port they were given.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+
+from dbvt_server.app import create_server
+from dbvt_server.config import Config
+
+LISTENING = re.compile(r"listening on (\S+):(\d+)")
+
+
+class ServerThread:
+    """The server's event loop in a background thread, so the test's own thread can use `Client`."""
+
+    def __init__(self, **settings):
+        self.config = Config(host="127.0.0.1", port=0, **settings)
+        self._loop = asyncio.new_event_loop()
+        self._started = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        self._started.wait(30)
+        if self._error:
+            raise self._error
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self.running = self._loop.run_until_complete(create_server(self.config))
+        except BaseException as exc:
+            self._error = exc
+            self._started.set()
+            return
+        self._started.set()
+        self._loop.run_forever()
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.running.port}"
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.running.stop(0), self._loop).result(30)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(30)
+        self._loop.close()
+
+
+def server_command() -> list[str]:
+    found = shutil.which("dbvt-server", path=os.path.dirname(sys.executable))
+    return [found] if found else [sys.executable, "-m", "dbvt_server"]
+
+
+class ServerProcess:
+    """`dbvt-server` as a child process; `target` is known once its start-up line has been read."""
+
+    def __init__(self, *args: str, env: dict | None = None):
+        self.process = subprocess.Popen(
+            [*server_command(), "--host", "127.0.0.1", "--port", "0", *args],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})})
+        self.lines: list[str] = []
+        self.port = None
+        for line in self.process.stdout:
+            self.lines.append(line)
+            found = LISTENING.search(line)
+            if found:
+                self.port = int(found.group(2))
+                break
+        if self.port is None:
+            self.process.wait(10)
+            raise RuntimeError("dbvt-server did not start:\n" + "".join(self.lines))
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def terminate(self, timeout: float = 30) -> int:
+        self.process.send_signal(signal.SIGTERM)
+        return self.wait(timeout)
+
+    def wait(self, timeout: float = 30) -> int:
+        rest, _ = self.process.communicate(timeout=timeout)
+        self.lines.append(rest)
+        return self.process.returncode
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.communicate()
