@@ -95,7 +95,8 @@ def test_reference_matches_per_pair_loops(data, dims):
     for first_hit in (False, True):
         offsets, hits, fractions = tree.raycast(segment_ends, first_hit=first_hit)
         for q, segment in enumerate(segment_ends):
-            entries = sorted((t, int(i)) for i, b in zip(ids, boxes) if (t := segment_entry(b, segment, dims)) is not None)
+            entries = sorted((t, int(i)) for i, b in zip(ids, boxes)
+                             if (t := segment_entry(b, segment, dims)) is not None)
             entries = entries[:1] if first_hit else entries
             got = list(zip(fractions[offsets[q]:offsets[q + 1]].tolist(), hits[offsets[q]:offsets[q + 1]].tolist()))
             assert got == entries
