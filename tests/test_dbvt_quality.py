@@ -1,0 +1,117 @@
+"""Tree quality: height stays within 2*log2(n) for awkward layouts, whichever way the boxes went in, and
+after W1-like motion; area_ratio is always reported and finite.
+
+The layouts are the ones that break naive trees: a row (every box's centre on one line), a lattice of
+equal boxes (endless cost ties), boxes sharing one centre, and identical boxes (no split separates them).
+"""
+import math
+
+import numpy as np
+import pytest
+
+import dbvt
+from worlds import W1World, boxes_around
+
+N = 4096
+LAYOUTS = ["random", "row", "grid", "equal centres", "identical", "identical points"]
+
+
+def layout(name, n, dims, seed=0):
+    rng = np.random.default_rng(seed)
+    if name == "random":
+        centers = rng.uniform(0, 5 * n ** (1 / dims), size=(n, dims))
+        half = rng.uniform(0.5, 2.0, size=(n, dims))
+    elif name == "row":
+        centers = np.zeros((n, dims))
+        centers[:, 0] = 1.5 * rng.permutation(n)
+        half = np.full((n, dims), 1.0)
+    elif name == "grid":
+        side = math.ceil(n ** (1 / dims))
+        cells = np.stack(np.unravel_index(rng.permutation(side**dims)[:n], (side,) * dims), axis=1)
+        centers, half = 2.0 * cells, np.full((n, dims), 1.0)
+    elif name == "equal centres":
+        centers, half = np.full((n, dims), 7.0), rng.uniform(0.5, 20.0, size=(n, dims))
+    elif name == "identical":
+        centers, half = np.full((n, dims), 7.0), np.full((n, dims), 1.0)
+    else:
+        centers, half = np.full((n, dims), 7.0), np.zeros((n, dims))
+    return boxes_around(centers, half)
+
+
+def height_bound(n):
+    return 2 * math.log2(n)
+
+
+def check_quality(tree, label):
+    tree.validate()
+    stats = tree.stats()
+    n = len(tree)
+    assert stats["proxies"] == n
+    assert np.isfinite(stats["area_ratio"]) and stats["area_ratio"] >= 0, (label, stats)
+    assert stats["height"] <= height_bound(n), (label, stats)
+    assert stats["memory_bytes"] > 0, (label, stats)
+    return stats
+
+
+def insert_in_batches(tree, ids, boxes, batch):
+    tree.insert(ids[:1], boxes[:1])
+    for start in range(1, len(ids), batch):
+        tree.insert(ids[start:start + batch], boxes[start:start + batch])
+
+
+@pytest.mark.parametrize("dims", [2, 3])
+@pytest.mark.parametrize("name", LAYOUTS)
+@pytest.mark.parametrize("mode", ["bulk", "batches of 1", "batches of 64"])
+def test_height_after_inserts(mode, name, dims):
+    n = 1024 if mode == "batches of 1" else N
+    boxes = layout(name, n, dims)
+    ids = np.random.default_rng(1).permutation(n).astype(np.uint64) * 7919
+    tree = dbvt.Tree(dims)
+    if mode == "bulk":
+        tree.insert(ids, boxes)
+    else:
+        insert_in_batches(tree, ids, boxes, 1 if mode == "batches of 1" else 64)
+    check_quality(tree, f"{name} {dims}-D after {mode}")
+    tree.remove(ids[::2])
+    check_quality(tree, f"{name} {dims}-D after removing half")
+    tree.rebuild()
+    check_quality(tree, f"{name} {dims}-D after rebuild")
+
+
+@pytest.mark.parametrize("dims", [2, 3])
+@pytest.mark.parametrize("margin", [0.0, 0.1])
+def test_height_after_w1_moves(dims, margin):
+    world = W1World(10_000, dims, seed=30 + dims)
+    bulk, incremental = dbvt.Tree(dims, margin), dbvt.Tree(dims, margin)
+    bulk.insert(world.ids, world.boxes)
+    insert_in_batches(incremental, world.ids, world.boxes, 500)
+    for step in range(20):
+        ids, boxes = world.step()
+        for tree in (bulk, incremental):
+            assert 0 <= tree.update(ids, boxes) <= len(ids)
+        if step % 5 == 4:
+            check_quality(bulk, f"bulk {dims}-D step {step}")
+            check_quality(incremental, f"incremental {dims}-D step {step}")
+
+
+def test_broadphase_stays_shallow_under_w1_moves():
+    world = W1World(10_000, 3, seed=40)
+    broadphase = dbvt.Broadphase(3)
+    broadphase.create(world.ids, world.boxes)
+    broadphase.update()
+    for _ in range(10):
+        broadphase.move(*world.step())
+        broadphase.update()
+    broadphase.validate()
+    stats = broadphase.stats()
+    assert stats["proxies"] == 10_000 and np.isfinite(stats["area_ratio"])
+    assert stats["height"] <= height_bound(10_000), stats
+
+
+@pytest.mark.parametrize("n", [0, 1, 2])
+def test_stats_of_tiny_trees_are_finite(n):
+    tree = dbvt.Tree()
+    tree.insert(np.arange(n), layout("identical points", n, 3) if n else np.zeros((0, 6)))
+    stats = tree.stats()
+    assert stats["proxies"] == n and stats["height"] <= 1
+    assert np.isfinite(stats["area_ratio"]) and stats["memory_bytes"] >= 0
