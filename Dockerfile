@@ -19,11 +19,13 @@ WORKDIR /src
 COPY . .
 # Every dependency becomes a wheel too, so the runtime venv is filled from /wheels
 # alone (--no-index): nothing is compiled or fetched at that point. The wheels are
-# built from a separate venv so that build tools never end up in /opt/venv.
+# built from a separate venv so that build tools never end up in /opt/venv, and that
+# venv's pip fills /opt/venv, which so needs no pip of its own.
 RUN python3 -m venv /opt/build \
     && /opt/build/bin/pip wheel --no-cache-dir --wheel-dir /wheels ./client . \
-    && python3 -m venv /opt/venv \
-    && /opt/venv/bin/pip install --no-cache-dir --no-index --find-links /wheels /wheels/*.whl
+    && python3 -m venv --without-pip /opt/venv \
+    && /opt/build/bin/pip --python /opt/venv/bin/python install --no-cache-dir --no-index \
+        --find-links /wheels /wheels/*.whl
 
 FROM ${BASE_IMAGE} AS runtime
 # Only the venv of installed wheels is carried over: no compiler, no sources, no wheel files.

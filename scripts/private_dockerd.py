@@ -92,6 +92,8 @@ class PrivateDockerd:
                 return docker.DockerClient(base_url=self.url, timeout=600)
             failures.append(f"storage driver {driver}: {reason}\n{_tail(self.log_path, 15)}")
             self._stop_process()
+            self._kill_leftovers()
+            self._unmount_all()
         raise DockerdError("dockerd could not start:\n" + "\n".join(failures))
 
     def _make_bridge(self):
@@ -105,9 +107,9 @@ class PrivateDockerd:
     def _launch(self, driver: str):
         exec_root = self.root / "exec"
         data_root = self.root / "data"
-        for path in (exec_root, data_root):
+        for path in (exec_root, data_root):  # a failed attempt with another driver may have left them
             shutil.rmtree(path, ignore_errors=True)
-            path.mkdir()
+            path.mkdir(exist_ok=True)
         command = [
             "dockerd",
             "--config-file", str(self.root / "daemon.json"),
