@@ -43,7 +43,7 @@ cdef int partners_reserve(Partners *p, int32_t capacity) noexcept nogil:
     if capacity <= p.capacity:
         return 0
     if capacity < 4:
-        capacity = 4
+        capacity = 4        # most proxies touch one or two others
     items = <int32_t *>realloc(p.items, capacity * sizeof(int32_t))
     if items == NULL:
         return -1
@@ -54,7 +54,7 @@ cdef int partners_reserve(Partners *p, int32_t capacity) noexcept nogil:
 
 cdef int partners_insert(Partners *p, int32_t item) noexcept nogil:
     cdef int32_t i
-    if p.count == p.capacity and partners_reserve(p, 2 * p.capacity) != 0:
+    if p.count == p.capacity and partners_reserve(p, 2 * p.capacity + 1) != 0:
         return -1
     i = p.count
     while i > 0 and p.items[i - 1] > item:
@@ -293,6 +293,9 @@ cdef class Broadphase(TreeBase):
         q.kind = QUERY_BOX
         q.groups = NULL
         q.first_hit = False
+        # Proxy numbers follow the tree's order after a build, so walking the moved proxies in
+        # that order keeps consecutive queries on the same, cache-warm paths.
+        sort_int32(self.moved, self.moved_count)
         for m in range(self.moved_count):
             proxy = self.moved[m]
             if (t.proxies[proxy].flags & (PROXY_LIVE | PROXY_MOVED)) != (PROXY_LIVE | PROXY_MOVED):

@@ -18,11 +18,9 @@ cdef enum:
 
 # A tree reference is an int32: >= 0 names an internal node, < 0 a leaf (~proxy index).
 
-ctypedef struct Node:               # an internal node: 40 bytes
+ctypedef struct Node:               # an internal node as walks see it: 32 bytes, two to a cache line
     float box[6]                    # 24 B  bounds of everything below: min x y z, max x y z
     int32_t child[2]                # 8 B   tree references to the two children
-    int32_t parent                  # 4 B   internal node above, NULL_REF at the root; next free node when free
-    int32_t height                  # 4 B   1 + the taller child's height (leaves have height 0); -1 when free
 
 ctypedef struct Proxy:              # a leaf: 64 bytes, one cache line
     float fat[6]                    # 24 B  the box the tree holds: the tight box grown when (re)inserted
@@ -69,6 +67,9 @@ ctypedef struct Query:
 
 ctypedef struct TreeCore:
     Node *nodes                     # pool of internal nodes; WARNING: moves when the pool grows
+    int32_t *parents                # per node: the node above, NULL_REF at the root; next free node when
+                                    # free. Kept apart with heights: only edits need them, walks don't
+    int32_t *heights                # per node: 1 + the taller child's height (leaves are 0); -1 when free
     int32_t node_capacity
     int32_t node_count              # nodes in use
     int32_t free_node               # head of the free list through Node.parent
@@ -117,6 +118,7 @@ cdef void core_insert_leaf(TreeCore *t, int32_t proxy) noexcept nogil
 cdef void core_remove(TreeCore *t, int32_t proxy) noexcept nogil
 cdef bint core_move(TreeCore *t, int32_t proxy, const float *tight) noexcept nogil
 cdef int core_rebuild(TreeCore *t) noexcept nogil
+cdef int core_renumber_leaves(TreeCore *t, int32_t *indices, int64_t n) noexcept nogil
 cdef const char *core_check(const TreeCore *t) noexcept nogil
 cdef double core_area_ratio(const TreeCore *t) noexcept nogil
 cdef int32_t core_height(const TreeCore *t) noexcept nogil

@@ -22,6 +22,7 @@ cdef extern from *:
 cdef enum:
     BIN_COUNT = 16              # binned SAH: enough bins to find good splits, few enough to stay in L1
     MIN_SLOTS = 16
+    SMALL_SPLIT = 16            # ranges this small get an exact SAH sweep instead of bins
 
 # A moved leaf's new fat box also covers this many more steps of the same displacement, so objects
 # moving steadily are reinserted about every other move instead of every move (Box2D's aabbMultiplier).
@@ -101,16 +102,16 @@ cdef inline float *ref_box(const TreeCore *t, int32_t ref) noexcept nogil:
 
 
 cdef inline int32_t ref_height(const TreeCore *t, int32_t ref) noexcept nogil:
-    return t.nodes[ref].height if ref >= 0 else 0
+    return t.heights[ref] if ref >= 0 else 0
 
 
 cdef inline int32_t ref_parent(const TreeCore *t, int32_t ref) noexcept nogil:
-    return t.nodes[ref].parent if ref >= 0 else t.proxies[~ref].parent
+    return t.parents[ref] if ref >= 0 else t.proxies[~ref].parent
 
 
 cdef inline void set_parent(TreeCore *t, int32_t ref, int32_t parent) noexcept nogil:
     if ref >= 0:
-        t.nodes[ref].parent = parent
+        t.parents[ref] = parent
     else:
         t.proxies[~ref].parent = parent
 
@@ -133,10 +134,10 @@ cdef inline bint refit(TreeCore *t, int32_t index) noexcept nogil:
     cdef int32_t h1 = ref_height(t, node.child[1])
     cdef int32_t height = 1 + (h0 if h0 > h1 else h1)
     union_box(box, ref_box(t, node.child[0]), ref_box(t, node.child[1]))
-    if height == node.height and box_contains(node.box, box) and box_contains(box, node.box):
+    if height == t.heights[index] and box_contains(node.box, box) and box_contains(box, node.box):
         return False
     memcpy(node.box, box, sizeof(box))
-    node.height = height
+    t.heights[index] = height
     return True
 
 
@@ -156,6 +157,8 @@ cdef inline uint64_t mix64(uint64_t x) noexcept nogil:
 
 cdef int core_init(TreeCore *t, int32_t dims, float margin) noexcept nogil:
     t.nodes = NULL
+    t.parents = NULL
+    t.heights = NULL
     t.node_capacity = 0
     t.node_count = 0
     t.free_node = NULL_REF
@@ -173,9 +176,13 @@ cdef int core_init(TreeCore *t, int32_t dims, float margin) noexcept nogil:
 
 cdef void core_free(TreeCore *t) noexcept nogil:
     free(t.nodes)
+    free(t.parents)
+    free(t.heights)
     free(t.proxies)
     free(t.slots)
     t.nodes = NULL
+    t.parents = NULL
+    t.heights = NULL
     t.proxies = NULL
     t.slots = NULL
     t.node_capacity = t.proxy_capacity = 0
@@ -183,20 +190,28 @@ cdef void core_free(TreeCore *t) noexcept nogil:
 
 cdef int grow_nodes(TreeCore *t, int64_t capacity) noexcept nogil:
     cdef int64_t i
-    cdef Node *nodes
+    cdef void *grown
     if capacity <= t.node_capacity:
         return 0
     if capacity >= INT32_MAX:
         return -1
-    nodes = <Node *>realloc(t.nodes, capacity * sizeof(Node))
-    if nodes == NULL:
+    grown = realloc(t.nodes, capacity * sizeof(Node))
+    if grown == NULL:
         return -1
-    t.nodes = nodes
+    t.nodes = <Node *>grown
+    grown = realloc(t.parents, capacity * sizeof(int32_t))
+    if grown == NULL:
+        return -1
+    t.parents = <int32_t *>grown
+    grown = realloc(t.heights, capacity * sizeof(int32_t))
+    if grown == NULL:
+        return -1
+    t.heights = <int32_t *>grown
     # New slots go on the free list lowest index first, so fresh trees are laid out in order.
     i = capacity - 1
     while i >= t.node_capacity:
-        nodes[i].height = -1
-        nodes[i].parent = t.free_node
+        t.heights[i] = -1
+        t.parents[i] = t.free_node
         t.free_node = <int32_t>i
         i -= 1
     t.node_capacity = <int32_t>capacity
@@ -308,14 +323,14 @@ cdef int core_reserve(TreeCore *t, int64_t extra) noexcept nogil:
 
 cdef inline int32_t alloc_node(TreeCore *t) noexcept nogil:
     cdef int32_t index = t.free_node
-    t.free_node = t.nodes[index].parent
+    t.free_node = t.parents[index]
     t.node_count += 1
     return index
 
 
 cdef inline void free_node(TreeCore *t, int32_t index) noexcept nogil:
-    t.nodes[index].height = -1
-    t.nodes[index].parent = t.free_node
+    t.heights[index] = -1
+    t.parents[index] = t.free_node
     t.free_node = index
     t.node_count -= 1
 
@@ -344,7 +359,7 @@ cdef int32_t find_best_sibling(const TreeCore *t, const float *box) noexcept nog
         child1 = t.nodes[index].child[0]
         child2 = t.nodes[index].child[1]
         cost = direct + inherited
-        if cost < best_cost:
+        if cost <= best_cost:       # on a tie the deeper candidate keeps piles of equal boxes shallow
             best = index
             best_cost = cost
         inherited += direct - area_base
@@ -375,11 +390,11 @@ cdef int32_t find_best_sibling(const TreeCore *t, const float *box) noexcept nog
 
         if child1 < 0 and child2 < 0:
             break
-        if best_cost <= lower1 and best_cost <= lower2:
+        if best_cost < lower1 and best_cost < lower2:
             break
-        if lower1 == lower2 and child1 >= 0:
-            # Both children contain the box (equal bounds): the nearer centre breaks the tie, so
-            # boxes with equal centres spread over both sides instead of building a chain.
+        if lower1 == lower2 and child1 >= 0 and child2 >= 0:
+            # Both children contain the box: the nearer centre breaks the tie, then the shorter
+            # subtree, so that equal and identical boxes spread out instead of building a chain.
             lower1 = 0.0
             lower2 = 0.0
             for i in range(3):
@@ -387,6 +402,9 @@ cdef int32_t find_best_sibling(const TreeCore *t, const float *box) noexcept nog
                 lower1 += d * d
                 d = (box2[i] + box2[i + 3]) - (box[i] + box[i + 3])
                 lower2 += d * d
+            if lower1 == lower2:
+                lower1 = t.heights[child1]
+                lower2 = t.heights[child2]
         if lower1 < lower2 and child1 >= 0:
             index = child1
             area_base = area1
@@ -409,7 +427,7 @@ cdef void rotate(TreeCore *t, int32_t a) noexcept nogil:
     cdef int side, k
     cdef int32_t down, mid, up, keep, height
     cdef float gain
-    if t.nodes[a].height < 2:
+    if t.heights[a] < 2:
         return
     # side 0: b goes down into c, swapping with a child of c; side 1: the mirror image.
     for side in range(2):
@@ -422,7 +440,7 @@ cdef void rotate(TreeCore *t, int32_t a) noexcept nogil:
             keep = t.nodes[mid].child[1 - k]
             height = 1 + max(ref_height(t, up),
                              1 + max(ref_height(t, down), ref_height(t, keep)))
-            if height > t.nodes[a].height:
+            if height > t.heights[a]:
                 continue
             gain = box_cost(t.nodes[mid].box, planar) - union_cost(ref_box(t, down), ref_box(t, keep), planar)
             if gain > best_gain:
@@ -431,7 +449,16 @@ cdef void rotate(TreeCore *t, int32_t a) noexcept nogil:
                 best_down = down
                 best_mid = mid
     if best_mid == NULL_REF:
-        return
+        # No cheaper shape: still lift the taller grandchild when one side is two levels deeper
+        # (AVL's single rotation), which bounds the height whatever the boxes.
+        if ref_height(t, b) >= ref_height(t, c) + 2:
+            best_mid, best_down = b, c
+        elif ref_height(t, c) >= ref_height(t, b) + 2:
+            best_mid, best_down = c, b
+        else:
+            return
+        k = 0 if t.heights[best_mid] == 1 + ref_height(t, t.nodes[best_mid].child[0]) else 1
+        best_up = t.nodes[best_mid].child[k]
     if t.nodes[a].child[0] == best_down:
         t.nodes[a].child[0] = best_up
     else:
@@ -462,16 +489,17 @@ cdef void insert_leaf(TreeCore *t, int32_t proxy) noexcept nogil:
     union_box(t.nodes[parent].box, fat, ref_box(t, sibling))
     t.nodes[parent].child[0] = sibling
     t.nodes[parent].child[1] = leaf
-    t.nodes[parent].height = 1 + ref_height(t, sibling)
+    t.heights[parent] = 1 + ref_height(t, sibling)
     replace_child(t, old_parent, sibling, parent)
     set_parent(t, sibling, parent)
     set_parent(t, leaf, parent)
-    # Stage 3: refit the ancestors and let rotations undo what greedy insertion got wrong.
-    index = parent
-    while index != NULL_REF:
-        refit(t, index)
+    # Stage 3: refit the ancestors and let rotations undo what greedy insertion got wrong. Above
+    # the first ancestor that already held the leaf (and kept its height) nothing changed.
+    rotate(t, parent)
+    index = t.parents[parent]
+    while index != NULL_REF and refit(t, index):
         rotate(t, index)
-        index = t.nodes[index].parent
+        index = t.parents[index]
 
 
 cdef void remove_leaf(TreeCore *t, int32_t proxy) noexcept nogil:
@@ -482,14 +510,14 @@ cdef void remove_leaf(TreeCore *t, int32_t proxy) noexcept nogil:
     if parent == NULL_REF:
         t.root = NULL_REF
         return
-    grand = t.nodes[parent].parent
+    grand = t.parents[parent]
     sibling = t.nodes[parent].child[0] if t.nodes[parent].child[1] == leaf else t.nodes[parent].child[1]
     replace_child(t, grand, parent, sibling)
     free_node(t, parent)
     # Ancestors only shrink; once one is unchanged, so is everything above it.
     index = grand
     while index != NULL_REF and refit(t, index):
-        index = t.nodes[index].parent
+        index = t.parents[index]
 
 
 cdef int32_t core_add(TreeCore *t, uint64_t id, const float *tight, bint into_tree) noexcept nogil:
@@ -555,144 +583,213 @@ cdef bint core_move(TreeCore *t, int32_t proxy, const float *tight) noexcept nog
 # Rebuild: top-down binned SAH over every live proxy (also the bulk path of an insert into an
 # empty tree). Nodes come out in depth-first order, so a walk reads the pool mostly forwards.
 
+ctypedef struct BuildItem:          # a leaf while building, packed so every pass reads memory in order
+    float box[6]                    # 24 B  the leaf's fat box
+    float center[3]                 # 12 B
+    int32_t ref                     # 4 B   ~proxy
+
+ctypedef struct Bounds:             # what a range of items covers
+    float box[6]                    # union of their boxes
+    float cmin[3]                   # bounds of their centres
+    float cmax[3]
+
 ctypedef struct BuildTask:
-    int64_t start                   # the task's leaves are refs[start:start + count]
+    int64_t start                   # the task's items are items[start:start + count]
     int64_t count
     int32_t parent                  # node that receives the subtree, NULL_REF for the root
     int32_t slot                    # which child of parent
+    Bounds bounds
+
+ctypedef struct Bin:
+    int64_t count
+    Bounds bounds
 
 
-cdef int64_t split_range(const TreeCore *t, int32_t *refs, float *centers, int64_t start,
-                         int64_t count, float *bounds) noexcept nogil:
-    """Bound refs[start:start+count] into `bounds` and partition them by the cheapest of the
-    binned SAH planes; returns how many go left. Equal centres fall back to halving, which keeps
-    piles of identical boxes balanced."""
-    cdef bint planar = t.dims == 2
-    cdef float cmin[3]
-    cdef float cmax[3]
-    cdef float bin_box[BIN_COUNT][6]
-    cdef int64_t bin_count[BIN_COUNT]
-    cdef float left_cost[BIN_COUNT]
-    cdef float acc[6]
-    cdef float *box
-    cdef float c, extent, scale, cost, best_cost
-    cdef int64_t i, j, n_left, n_right, left
-    cdef int axis, k, b, best_split
+cdef inline void bounds_add(Bounds *b, const BuildItem *item, bint first) noexcept nogil:
+    cdef int k
+    if first:
+        memcpy(b.box, item.box, sizeof(b.box))
+        memcpy(b.cmin, item.center, sizeof(b.cmin))
+        memcpy(b.cmax, item.center, sizeof(b.cmax))
+        return
+    union_box(b.box, b.box, item.box)
     for k in range(3):
-        cmin[k] = cmax[k] = centers[3 * start + k]
-    memcpy(bounds, ref_box(t, refs[start]), 6 * sizeof(float))
-    for i in range(start + 1, start + count):
-        union_box(bounds, bounds, ref_box(t, refs[i]))
-        for k in range(3):
-            c = centers[3 * i + k]
-            if c < cmin[k]:
-                cmin[k] = c
-            if c > cmax[k]:
-                cmax[k] = c
-    axis = 0
-    for k in range(1, 3):
-        if cmax[k] - cmin[k] > cmax[axis] - cmin[axis]:
-            axis = k
-    extent = cmax[axis] - cmin[axis]
-    if count <= 2 or extent <= 0.0:
-        return count // 2
+        if item.center[k] < b.cmin[k]:
+            b.cmin[k] = item.center[k]
+        if item.center[k] > b.cmax[k]:
+            b.cmax[k] = item.center[k]
 
-    # Stage 1: drop every centre into one of BIN_COUNT slabs along the axis.
-    scale = BIN_COUNT / extent
-    for b in range(BIN_COUNT):
-        bin_count[b] = 0
+
+cdef inline void bounds_merge(Bounds *b, const Bounds *other) noexcept nogil:
+    cdef int k
+    union_box(b.box, b.box, other.box)
+    for k in range(3):
+        if other.cmin[k] < b.cmin[k]:
+            b.cmin[k] = other.cmin[k]
+        if other.cmax[k] > b.cmax[k]:
+            b.cmax[k] = other.cmax[k]
+
+
+cdef void bound_range(const BuildItem *items, int64_t start, int64_t count, Bounds *out) noexcept nogil:
+    cdef int64_t i
     for i in range(start, start + count):
-        b = <int>((centers[3 * i + axis] - cmin[axis]) * scale)
-        if b >= BIN_COUNT:
-            b = BIN_COUNT - 1
-        box = ref_box(t, refs[i])
-        if bin_count[b] == 0:
-            memcpy(bin_box[b], box, 6 * sizeof(float))
-        else:
-            union_box(bin_box[b], bin_box[b], box)
-        bin_count[b] += 1
+        bounds_add(out, &items[i], i == start)
 
-    # Stage 2: sweep from the left, then from the right, costing each plane between bins.
-    n_left = 0
-    for b in range(BIN_COUNT - 1):
-        if bin_count[b]:
-            if n_left == 0:
-                memcpy(acc, bin_box[b], sizeof(acc))
-            else:
-                union_box(acc, acc, bin_box[b])
-            n_left += bin_count[b]
-        left_cost[b] = box_cost(acc, planar) * n_left if n_left else 0.0
-    best_split = -1
-    best_cost = INFINITY
-    n_right = 0
-    for b in range(BIN_COUNT - 1, 0, -1):
-        if bin_count[b]:
-            if n_right == 0:
-                memcpy(acc, bin_box[b], sizeof(acc))
-            else:
-                union_box(acc, acc, bin_box[b])
-            n_right += bin_count[b]
-        if n_right == 0 or n_right == count:
-            continue
-        cost = left_cost[b - 1] + box_cost(acc, planar) * n_right
+
+cdef int64_t split_small(BuildItem *items, int64_t start, int64_t count, int axis,
+                         Bounds *left, Bounds *right, bint planar) noexcept nogil:
+    """Exact SAH for a few items: sort them along the axis and try every position. Cheaper than
+    binning, whose fixed cost dominates the many small ranges near the leaves."""
+    cdef float suffix[SMALL_SPLIT]
+    cdef Bounds acc
+    cdef BuildItem tmp
+    cdef int64_t i, j, best = count // 2
+    cdef float cost, best_cost = INFINITY
+    for i in range(start + 1, start + count):
+        tmp = items[i]
+        j = i - 1
+        while j >= start and items[j].center[axis] > tmp.center[axis]:
+            items[j + 1] = items[j]
+            j -= 1
+        items[j + 1] = tmp
+    for i in range(count - 1, 0, -1):
+        bounds_add(&acc, &items[start + i], i == count - 1)
+        suffix[i] = box_cost(acc.box, planar) * (count - i)
+    for i in range(1, count):
+        bounds_add(&acc, &items[start + i - 1], i == 1)
+        cost = box_cost(acc.box, planar) * i + suffix[i]
         if cost < best_cost:
             best_cost = cost
-            best_split = b
-    if best_split < 0:
-        return count // 2
+            best = i
+    bound_range(items, start, best, left)
+    bound_range(items, start + best, count - best, right)
+    return best
 
-    # Stage 3: partition in place; bins below the split go left.
-    left = start
+
+cdef int64_t split_range(BuildItem *items, int64_t start, int64_t count, const Bounds *all,
+                         Bounds *left, Bounds *right, bint planar) noexcept nogil:
+    """Partition items[start:start+count] at the cheapest binned-SAH plane; returns how many go
+    left and fills in both sides' bounds. Equal centres fall back to halving, which keeps piles
+    of identical boxes balanced."""
+    cdef Bin bins[BIN_COUNT]
+    cdef float left_cost[BIN_COUNT]
+    cdef Bounds acc
+    cdef float extent, scale, cost, best_cost
+    cdef int64_t i, n_left, n_right, pos
+    cdef int axis, k, b, best_split
+    cdef BuildItem tmp
+    axis = 0
+    for k in range(1, 3):
+        if all.cmax[k] - all.cmin[k] > all.cmax[axis] - all.cmin[axis]:
+            axis = k
+    extent = all.cmax[axis] - all.cmin[axis]
+    if count <= SMALL_SPLIT and extent > 0.0:
+        return split_small(items, start, count, axis, left, right, planar)
+    best_split = -1
+    if count > 2 and extent > 0.0:
+        # Stage 1: drop every centre into one of BIN_COUNT slabs along the widest axis.
+        scale = BIN_COUNT / extent
+        for b in range(BIN_COUNT):
+            bins[b].count = 0
+        for i in range(start, start + count):
+            b = <int>((items[i].center[axis] - all.cmin[axis]) * scale)
+            if b >= BIN_COUNT:
+                b = BIN_COUNT - 1
+            bounds_add(&bins[b].bounds, &items[i], bins[b].count == 0)
+            bins[b].count += 1
+        # Stage 2: sweep from the left, then from the right, costing each plane between bins.
+        n_left = 0
+        for b in range(BIN_COUNT - 1):
+            if bins[b].count:
+                if n_left == 0:
+                    acc = bins[b].bounds
+                else:
+                    bounds_merge(&acc, &bins[b].bounds)
+                n_left += bins[b].count
+            left_cost[b] = box_cost(acc.box, planar) * n_left if n_left else 0.0
+        best_cost = INFINITY
+        n_right = 0
+        for b in range(BIN_COUNT - 1, 0, -1):
+            if bins[b].count:
+                if n_right == 0:
+                    acc = bins[b].bounds
+                else:
+                    bounds_merge(&acc, &bins[b].bounds)
+                n_right += bins[b].count
+            if n_right == 0 or n_right == count:
+                continue
+            cost = left_cost[b - 1] + box_cost(acc.box, planar) * n_right
+            if cost < best_cost:
+                best_cost = cost
+                best_split = b
+                right[0] = acc
+    if best_split < 0:
+        n_left = count // 2
+        bound_range(items, start, n_left, left)
+        bound_range(items, start + n_left, count - n_left, right)
+        return n_left
+    # Stage 3: the left side's bounds from its bins, then partition in place.
+    n_left = 0
+    for b in range(best_split):
+        if bins[b].count:
+            if n_left == 0:
+                left[0] = bins[b].bounds
+            else:
+                bounds_merge(left, &bins[b].bounds)
+            n_left += bins[b].count
+    pos = start
     for i in range(start, start + count):
-        b = <int>((centers[3 * i + axis] - cmin[axis]) * scale)
+        b = <int>((items[i].center[axis] - all.cmin[axis]) * scale)
         if b >= BIN_COUNT:
             b = BIN_COUNT - 1
         if b < best_split:
-            refs[left], refs[i] = refs[i], refs[left]
-            for k in range(3):
-                centers[3 * left + k], centers[3 * i + k] = centers[3 * i + k], centers[3 * left + k]
-            left += 1
-    return left - start
+            if i != pos:
+                tmp = items[pos]
+                items[pos] = items[i]
+                items[i] = tmp
+            pos += 1
+    return n_left
 
 
 cdef int core_rebuild(TreeCore *t) noexcept nogil:
     cdef int64_t n = t.proxy_count
-    cdef int32_t *refs
-    cdef float *centers
+    cdef bint planar = t.dims == 2
+    cdef BuildItem *items
     cdef BuildTask *tasks
     cdef BuildTask task
+    cdef Bounds left, right
     cdef int64_t i, k, n_tasks, n_left
     cdef int32_t node, p
     cdef float *fat
-    cdef float bounds[6]
     if n == 0:
         t.root = NULL_REF
         return 0
     if n - 1 > t.node_capacity and grow_nodes(t, n - 1) != 0:
         return -1
-    refs = <int32_t *>malloc(n * sizeof(int32_t))
-    centers = <float *>malloc(3 * n * sizeof(float))
+    items = <BuildItem *>malloc(n * sizeof(BuildItem))
     tasks = <BuildTask *>malloc(n * sizeof(BuildTask))
-    if refs == NULL or centers == NULL or tasks == NULL:
-        free(refs); free(centers); free(tasks)
+    if items == NULL or tasks == NULL:
+        free(items)
+        free(tasks)
         return -1
 
-    # Stage 1: gather the leaves and their centres.
+    # Stage 1: gather the leaves.
     k = 0
     for p in range(t.proxy_capacity):
         if t.proxies[p].flags & PROXY_LIVE:
             fat = t.proxies[p].fat
-            refs[k] = ~p
+            memcpy(items[k].box, fat, 6 * sizeof(float))
             for i in range(3):
-                centers[3 * k + i] = 0.5 * (fat[i] + fat[i + 3])
+                items[k].center[i] = 0.5 * (fat[i] + fat[i + 3])
+            items[k].ref = ~p
             k += 1
 
     # Stage 2: an empty node pool, free list in index order.
     t.free_node = NULL_REF
     i = t.node_capacity - 1
     while i >= 0:
-        t.nodes[i].height = -1
-        t.nodes[i].parent = t.free_node
+        t.heights[i] = -1
+        t.parents[i] = t.free_node
         t.free_node = <int32_t>i
         i -= 1
     t.node_count = 0
@@ -702,24 +799,27 @@ cdef int core_rebuild(TreeCore *t) noexcept nogil:
     tasks[0].count = n
     tasks[0].parent = NULL_REF
     tasks[0].slot = 0
+    bound_range(items, 0, n, &tasks[0].bounds)
     n_tasks = 1
     while n_tasks:
         n_tasks -= 1
         task = tasks[n_tasks]
         if task.count == 1:
-            node = refs[task.start]
+            node = items[task.start].ref
         else:
             node = alloc_node(t)
-            n_left = split_range(t, refs, centers, task.start, task.count, bounds)
-            memcpy(t.nodes[node].box, bounds, sizeof(bounds))
+            memcpy(t.nodes[node].box, task.bounds.box, 6 * sizeof(float))
+            n_left = split_range(items, task.start, task.count, &task.bounds, &left, &right, planar)
             tasks[n_tasks].start = task.start + n_left
             tasks[n_tasks].count = task.count - n_left
             tasks[n_tasks].parent = node
             tasks[n_tasks].slot = 1
+            tasks[n_tasks].bounds = right
             tasks[n_tasks + 1].start = task.start
             tasks[n_tasks + 1].count = n_left
             tasks[n_tasks + 1].parent = node
             tasks[n_tasks + 1].slot = 0
+            tasks[n_tasks + 1].bounds = left
             n_tasks += 2
         set_parent(t, node, task.parent)
         if task.parent == NULL_REF:
@@ -730,11 +830,65 @@ cdef int core_rebuild(TreeCore *t) noexcept nogil:
     # Stage 4: heights, children before parents (they were numbered after them).
     i = t.node_count - 1
     while i >= 0:
-        t.nodes[i].height = 1 + max(ref_height(t, t.nodes[i].child[0]), ref_height(t, t.nodes[i].child[1]))
+        t.heights[i] = 1 + max(ref_height(t, t.nodes[i].child[0]), ref_height(t, t.nodes[i].child[1]))
         i -= 1
-    free(refs)
-    free(centers)
+    free(items)
     free(tasks)
+    return 0
+
+
+cdef int core_renumber_leaves(TreeCore *t, int32_t *indices, int64_t n) noexcept nogil:
+    """Renumber the proxies in the tree's depth-first order, so that leaves near each other in the
+    tree are near each other in memory (a walk then misses the cache far less), and rewrite
+    `indices` to match. Only for callers that hold no other proxy index, e.g. right after a bulk
+    insert into an empty tree."""
+    cdef Proxy *fresh = <Proxy *>malloc(t.proxy_capacity * sizeof(Proxy))
+    cdef int32_t *new_index = <int32_t *>malloc(t.proxy_capacity * sizeof(int32_t))
+    cdef int32_t *stack = <int32_t *>malloc((t.node_count + 2) * sizeof(int32_t))
+    cdef int64_t top = 0, i
+    cdef int32_t next_slot = 0, ref, parent, old
+    if fresh == NULL or new_index == NULL or stack == NULL:
+        free(fresh); free(new_index); free(stack)
+        return -1
+    if t.root != NULL_REF:
+        stack[0] = t.root
+        top = 1
+    while top:
+        top -= 1
+        ref = stack[top]
+        if ref >= 0:
+            stack[top] = t.nodes[ref].child[1]
+            stack[top + 1] = t.nodes[ref].child[0]
+            top += 2
+            continue
+        old = ~ref
+        fresh[next_slot] = t.proxies[old]
+        new_index[old] = next_slot
+        parent = t.proxies[old].parent
+        if parent == NULL_REF:
+            t.root = ~next_slot
+        elif t.nodes[parent].child[0] == ref:
+            t.nodes[parent].child[0] = ~next_slot
+        else:
+            t.nodes[parent].child[1] = ~next_slot
+        next_slot += 1
+    t.free_proxy = NULL_REF
+    i = t.proxy_capacity - 1
+    while i >= next_slot:
+        fresh[i].flags = 0
+        fresh[i].parent = t.free_proxy
+        t.free_proxy = <int32_t>i
+        i -= 1
+    free(t.proxies)
+    t.proxies = fresh
+    for i in range(n):
+        indices[i] = new_index[indices[i]]
+    free(new_index)
+    free(stack)
+    for i in range(t.slot_mask + 1):
+        t.slots[i] = -1
+    for i in range(next_slot):
+        slot_insert(t, <int32_t>i)
     return 0
 
 
@@ -1271,10 +1425,10 @@ cdef const char *core_check(const TreeCore *t) noexcept nogil:
     free_count = 0
     ref = t.free_node
     while ref != NULL_REF:
-        if ref < 0 or ref >= t.node_capacity or t.nodes[ref].height != -1 or free_count > t.node_capacity:
+        if ref < 0 or ref >= t.node_capacity or t.heights[ref] != -1 or free_count > t.node_capacity:
             return b"the node free list is broken"
         free_count += 1
-        ref = t.nodes[ref].parent
+        ref = t.parents[ref]
     if free_count + t.node_count != t.node_capacity:
         return b"the node free list misses free nodes"
     if t.root == NULL_REF:
@@ -1288,7 +1442,7 @@ cdef const char *core_check(const TreeCore *t) noexcept nogil:
         return b"out of memory while validating"
     stack[0] = t.root
     top = 1
-    if not ((t.root >= 0 and t.root < t.node_capacity and t.nodes[t.root].parent == NULL_REF)
+    if not ((t.root >= 0 and t.root < t.node_capacity and t.parents[t.root] == NULL_REF)
             or (t.root < 0 and ~t.root < t.proxy_capacity and t.proxies[~t.root].parent == NULL_REF)):
         problem = b"the root is out of range or has a parent"
     while top and problem == NULL:
@@ -1305,7 +1459,7 @@ cdef const char *core_check(const TreeCore *t) noexcept nogil:
             continue
         node = &t.nodes[ref]
         internal += 1
-        if node.height < 1:
+        if t.heights[ref] < 1:
             problem = b"an internal node is free or has height < 1"
             break
         for k in range(2):
@@ -1324,7 +1478,7 @@ cdef const char *core_check(const TreeCore *t) noexcept nogil:
                 break
             stack[top] = child
             top += 1
-        if problem == NULL and node.height != 1 + max(ref_height(t, node.child[0]), ref_height(t, node.child[1])):
+        if problem == NULL and t.heights[ref] != 1 + max(ref_height(t, node.child[0]), ref_height(t, node.child[1])):
             problem = b"a node height is wrong"
     free(stack)
     if problem != NULL:
@@ -1344,7 +1498,7 @@ cdef double core_area_ratio(const TreeCore *t) noexcept nogil:
         return 0.0
     root = box_cost(ref_box(t, t.root), planar)
     for i in range(t.node_capacity):
-        if t.nodes[i].height > 0:
+        if t.heights[i] > 0:
             total += box_cost(t.nodes[i].box, planar)
     return total / root if root > 0.0 else 0.0
 
@@ -1354,7 +1508,8 @@ cdef int32_t core_height(const TreeCore *t) noexcept nogil:
 
 
 cdef int64_t core_memory(const TreeCore *t) noexcept nogil:
-    return (<int64_t>t.node_capacity * sizeof(Node) + <int64_t>t.proxy_capacity * sizeof(Proxy)
+    return (<int64_t>t.node_capacity * (sizeof(Node) + 2 * sizeof(int32_t))
+            + <int64_t>t.proxy_capacity * sizeof(Proxy)
             + (t.slot_mask + 1) * sizeof(int32_t))
 
 

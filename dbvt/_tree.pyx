@@ -15,7 +15,8 @@ from dbvt import validation
 from dbvt._core cimport (
     NULL_REF, PROXY_LIVE, PROXY_SEEN, Batch, IdPair, Node, PairBuffer, Proxy, Query, TreeCore,
     batch_free, core_add, core_area_ratio, core_check, core_find, core_free, core_height, core_init,
-    core_insert_leaf, core_memory, core_move, core_rebuild, core_remove, core_reserve, load_box,
+    core_insert_leaf, core_memory, core_move, core_rebuild, core_remove, core_renumber_leaves,
+    core_reserve, load_box,
     pairs_free, rehash, run_boxes, run_frusta, run_segments, run_spheres, self_pairs,
 )
 
@@ -173,6 +174,9 @@ cdef class TreeBase:
                 # No memory for the build: the pools are reserved, so one-by-one insertion can't fail.
                 for i in range(n):
                     core_insert_leaf(&self.core, out[i])
+            elif bulk:
+                # Only a speed-up: without memory for it the tree is just as valid.
+                core_renumber_leaves(&self.core, &out[0], n)
         return proxies
 
     def get(self, ids):
@@ -309,7 +313,12 @@ cdef class TreeBase:
         header = _HEADER.pack(b"DBVT", FORMAT_VERSION, _BYTE_ORDER_MARK, t.dims, t.margin,
                               t.node_capacity, t.node_count, t.free_node,
                               t.proxy_capacity, t.proxy_count, t.free_proxy, t.root)
-        nodes = (<char *>t.nodes)[:t.node_capacity * sizeof(Node)] if t.node_capacity else b""
+        if not t.node_capacity:
+            nodes = b""
+        else:
+            nodes = ((<char *>t.nodes)[:t.node_capacity * sizeof(Node)]
+                     + (<char *>t.parents)[:t.node_capacity * sizeof(int32_t)]
+                     + (<char *>t.heights)[:t.node_capacity * sizeof(int32_t)])
         proxies = (<char *>t.proxies)[:t.proxy_capacity * sizeof(Proxy)] if t.proxy_capacity else b""
         return header + nodes + proxies
 
@@ -332,18 +341,23 @@ cdef class TreeBase:
         validation.check_margin(margin)
         if not (0 <= node_count <= node_capacity and 0 <= proxy_count <= proxy_capacity):
             raise ValueError("corrupt dbvt data: counts out of range")
-        node_bytes = node_capacity * sizeof(Node)
+        node_bytes = node_capacity * (sizeof(Node) + 2 * sizeof(int32_t))
         proxy_bytes = proxy_capacity * sizeof(Proxy)
         if data.shape[0] < size + node_bytes + proxy_bytes:
             raise ValueError("data is too short for the dbvt pools it declares")
         core_free(t)
         core_init(t, dims, margin)
-        t.nodes = <Node *>malloc(node_bytes if node_bytes else 1)
+        t.nodes = <Node *>malloc(node_capacity * sizeof(Node) + 1)
+        t.parents = <int32_t *>malloc(node_capacity * sizeof(int32_t) + 1)
+        t.heights = <int32_t *>malloc(node_capacity * sizeof(int32_t) + 1)
         t.proxies = <Proxy *>malloc(proxy_bytes if proxy_bytes else 1)
-        if t.nodes == NULL or t.proxies == NULL:
+        if t.nodes == NULL or t.parents == NULL or t.heights == NULL or t.proxies == NULL:
             raise MemoryError()
         if node_bytes:
-            memcpy(t.nodes, &data[size], node_bytes)
+            memcpy(t.nodes, &data[size], node_capacity * sizeof(Node))
+            memcpy(t.parents, &data[size + node_capacity * sizeof(Node)], node_capacity * sizeof(int32_t))
+            memcpy(t.heights, &data[size + node_capacity * (sizeof(Node) + sizeof(int32_t))],
+                   node_capacity * sizeof(int32_t))
         if proxy_bytes:
             memcpy(t.proxies, &data[size + node_bytes], proxy_bytes)
         t.node_capacity, t.node_count, t.free_node = node_capacity, node_count, free_node

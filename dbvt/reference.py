@@ -428,6 +428,8 @@ class Broadphase(_Structure):
         return _sorted_pairs(now - before), _sorted_pairs(before - now)
 
     def _visible(self, mask) -> np.ndarray:
+        if mask is None:
+            return np.ones(len(self._proxies), bool)
         return (self._proxies.columns["group"] & np.uint32(mask)) != 0
 
     def query_aabb(self, boxes, mask=None):

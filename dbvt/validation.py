@@ -141,10 +141,10 @@ def as_flags(value, rows: int, name: str) -> np.ndarray:
     return np.ascontiguousarray(arr, dtype=np.uint8)
 
 
-def as_mask(mask) -> int:
-    """An optional query mask: None means every proxy."""
+def as_mask(mask) -> int | None:
+    """An optional query mask; None (every proxy, whatever its group) stays None."""
     if mask is None:
-        return UINT32_MAX
+        return None
     mask = int(mask)
     if not 0 <= mask <= UINT32_MAX:
         raise ValueError(f"mask must be a 32-bit unsigned value, not {mask}")
