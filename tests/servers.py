@@ -11,12 +11,15 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 
 from dbvt_server.app import create_server
 from dbvt_server.config import Config
 
 LISTENING = re.compile(r"listening on (\S+):(\d+)")
+# Children run outside the repository, so that `python -m` imports the installed packages, not ./dbvt.
+NEUTRAL_DIR = tempfile.gettempdir()
 
 
 class ServerThread:
@@ -66,7 +69,8 @@ class ServerProcess:
     def __init__(self, *args: str, env: dict | None = None):
         self.process = subprocess.Popen(
             [*server_command(), "--host", "127.0.0.1", "--port", "0", *args],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})})
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})},
+            cwd=NEUTRAL_DIR)
         self.lines: list[str] = []
         self.port = None
         for line in self.process.stdout:

@@ -208,6 +208,8 @@ class AsyncBatchStream:
         self._pending: collections.deque[asyncio.Future] = collections.deque()
         self._sequence = itertools.count(1)
         self._closed = False
+        # Set once the stream has ended: later submits fail at once with it.
+        self._failure: DbvtError | None = None
 
     async def __aenter__(self) -> "AsyncBatchStream":
         self._call = self._world._client._transport.open_stream()
@@ -230,6 +232,8 @@ class AsyncBatchStream:
         return await (await self._submit_parts(parts))
 
     async def _submit_parts(self, parts: list[pb.Batch]) -> asyncio.Future:
+        if self._failure is not None:
+            raise self._failure
         if self._call is None or self._closed:
             raise Unavailable("the batch stream is not open (use `async with world.stream() as s`)")
         future = asyncio.get_running_loop().create_future()
@@ -257,5 +261,6 @@ class AsyncBatchStream:
             failure = error
         except Exception as exc:
             failure = from_exception(exc)
+        self._failure = failure
         while self._pending:
             self._pending.popleft().set_exception(failure)

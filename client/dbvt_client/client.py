@@ -166,6 +166,9 @@ class BatchStream:
         self._pending: collections.deque[Future] = collections.deque()
         self._sequence = itertools.count(1)
         self._closed = False
+        # Set, under the lock, once the stream has ended: later submits fail at once with it.
+        self._failure: DbvtError | None = None
+        self._lock = threading.Lock()
         responses = world._client._transport.stream(iter(self._requests.get, _END))
         self._reader = threading.Thread(target=self._read, args=(responses,), daemon=True)
         self._reader.start()
@@ -187,12 +190,15 @@ class BatchStream:
         return self._submit_parts(parts).result()
 
     def _submit_parts(self, parts: list[pb.Batch]) -> Future:
-        if self._closed:
-            raise Unavailable("the batch stream is closed")
         future: Future = Future()
-        self._pending.append(future)
-        for request in batches.stream_requests(self._world.name, next(self._sequence), parts):
-            self._requests.put(request)
+        with self._lock:
+            if self._failure is not None:
+                raise self._failure
+            if self._closed:
+                raise Unavailable("the batch stream is closed")
+            self._pending.append(future)
+            for request in batches.stream_requests(self._world.name, next(self._sequence), parts):
+                self._requests.put(request)
         return future
 
     def close(self) -> None:
@@ -213,5 +219,7 @@ class BatchStream:
                     future.set_result(batches.decode_result(response.result))
         except DbvtError as error:
             failure = error
-        while self._pending:
-            self._pending.popleft().set_exception(failure)
+        with self._lock:
+            self._failure = failure
+            while self._pending:
+                self._pending.popleft().set_exception(failure)
