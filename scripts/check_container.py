@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 import docker
+import requests
 
 import private_dockerd
 import sdk_session
@@ -122,7 +123,7 @@ class ContainerCheck:
                 if path.is_file():
                     path.unlink()
         self.base_cache.mkdir(parents=True, exist_ok=True)
-        partial = tarball.with_suffix(".partial")
+        partial = tarball.with_name(f"{tarball.name}.{os.getpid()}.partial")
         subprocess.run(["tar", "--numeric-owner", "-C", str(rootfs), "-cf", str(partial), "."], check=True)
         os.replace(partial, tarball)  # a run interrupted mid-tar never leaves a broken cache entry
         shutil.rmtree(rootfs)
@@ -141,8 +142,9 @@ class ContainerCheck:
             raise StepFailed("the image has no HEALTHCHECK")
         if SERVER_PORT not in config.get("ExposedPorts", {}):
             raise StepFailed(f"the image does not EXPOSE {SERVER_PORT}")
-        probe = ("import os, shutil; found = [t for t in ('gcc', 'cc', 'c++', 'clang', 'ld') if shutil.which(t)];"
-                 "print('uid', os.getuid(), 'compilers', found); raise SystemExit(1 if found or os.getuid() == 0 else 0)")
+        probe = ("import os, shutil; found = [t for t in ('gcc', 'cc', 'c++', 'clang', 'ld') if shutil.which(t)]; "
+                 "print('uid', os.getuid(), 'compilers', found); "
+                 "raise SystemExit(1 if found or os.getuid() == 0 else 0)")
         try:
             output = self.client.containers.run(IMAGE, entrypoint=["python", "-c", probe], remove=True,
                                                 network_mode="none")
@@ -173,7 +175,7 @@ class ContainerCheck:
         self.container = self.client.containers.run(
             IMAGE, detach=True, name=f"dbvt-check-{self.workdir.name[-8:]}",
             ports={SERVER_PORT: ("127.0.0.1", None)},
-            environment={"DBVT_LOG_LEVEL": "INFO"},
+            environment={"DBVT_LOG_LEVEL": "INFO", "DBVT_MAX_WORLDS": str(sdk_session.MAX_WORLDS)},
             healthcheck={"interval": 1_000_000_000, "start_period": 30_000_000_000})
         self._wait_healthy()
         address = self._published_address()
@@ -209,7 +211,7 @@ class ContainerCheck:
         self.container.kill(signal="SIGTERM")
         try:
             status = self.container.wait(timeout=STOP_TIMEOUT_S)["StatusCode"]
-        except Exception as error:  # the docker SDK raises a requests timeout here
+        except requests.exceptions.RequestException as error:  # how the docker SDK times out
             raise StepFailed(f"the server did not exit within {STOP_TIMEOUT_S} s of SIGTERM: {error}") from None
         if status != 0:
             raise StepFailed(f"the server exited with status {status} after SIGTERM:\n{self._logs()}")
@@ -259,7 +261,8 @@ def _raise_on_signal(signum, frame):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base-cache", type=Path, default=DEFAULT_BASE_CACHE,
-                        help=f"where the debootstrapped base tarball is kept between runs (default {DEFAULT_BASE_CACHE})")
+                        help=f"where the debootstrapped base tarball is kept between runs "
+                             f"(default {DEFAULT_BASE_CACHE})")
     args = parser.parse_args(argv)
     # CI's time limit or Ctrl-C must still run the tear-down below.
     for signum in (signal.SIGTERM, signal.SIGHUP):

@@ -127,7 +127,7 @@ class PrivateDockerd:
                                              stdin=subprocess.DEVNULL, start_new_session=True)
 
     def _wait_ready(self):
-        """None once the daemon answers on its socket with the driver asked for, else why not."""
+        """None once the daemon answers on its socket, else why not."""
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self._process.poll() is not None:

@@ -14,6 +14,7 @@ import numpy as np
 from dbvt_client import Client, NotFound
 
 WORLD = "arena"
+MAX_WORLDS = 3  # given to the container as DBVT_MAX_WORLDS: the image takes the server's settings
 # id: tight box (min xyz, max xyz)
 FIRST_BOXES = {
     1: (0, 0, 0, 1, 1, 1),
@@ -52,6 +53,7 @@ def columns(boxes: dict):
 
 def drive(address: str):
     with Client(address, timeout=30) as client:
+        expect("max_worlds set by DBVT_MAX_WORLDS", client.server_info()["max_worlds"], MAX_WORLDS)
         world = client.create_world(WORLD, dims=3, margin=0.05)
 
         first = world.apply(create=columns(FIRST_BOXES))
@@ -93,8 +95,8 @@ def drive(address: str):
             pass
         else:
             raise CallFailed("pairs() of an unknown world did not raise NotFound")
-    print("    SDK: create world, 2 batches with pair changes, aabb/sphere/raycast/frustum queries, "
-          "pairs, stats, NotFound: all as expected")
+    print("    SDK: settings from the environment, create world, 2 batches with pair changes, "
+          "aabb/sphere/raycast/frustum queries, pairs, stats, NotFound: all as expected")
 
 
 def _cube_planes(low: float, high: float) -> list:
