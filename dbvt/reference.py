@@ -247,7 +247,8 @@ class _Structure:
 
     def __init__(self, dims: int, margin: float, **columns: np.ndarray):
         self._dims = v.check_dims(dims)
-        self._margin = v.check_margin(margin)
+        # The core keeps the margin as a float32; so does this twin, so both fatten by the same amount.
+        self._margin = float(np.float32(v.check_margin(margin)))
         self._proxies = _Proxies({"tight": np.zeros((0, 2 * self._dims), np.float32), **columns})
 
     @property
@@ -260,6 +261,9 @@ class _Structure:
 
     def __len__(self) -> int:
         return len(self._proxies)
+
+    def __repr__(self) -> str:
+        return f"dbvt.reference.{self._kind}(dims={self._dims}, margin={self._margin!r}) with {len(self)} proxies"
 
     def __contains__(self, id_) -> bool:
         try:
@@ -281,7 +285,8 @@ class _Structure:
     def stats(self) -> dict:
         n = len(self._proxies)
         memory = self._proxies.ids.nbytes + sum(c.nbytes for c in self._proxies.columns.values())
-        return {"proxies": n, "nodes": n, "height": 0, "area_ratio": 1.0, "memory_bytes": int(memory)}
+        return {"proxies": n, "nodes": n, "height": 0, "area_ratio": 1.0, "memory_bytes": int(memory),
+                "dims": self._dims, "margin": self._margin}
 
     def _visible(self, mask) -> np.ndarray:
         return np.ones(len(self._proxies), bool)

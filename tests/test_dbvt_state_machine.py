@@ -151,6 +151,11 @@ class TwinMachine(RuleBasedStateMachine):
         assert_same_csr(self.real.query_frustum(q, **options), self.ref.query_frustum(q, **options), "query_frustum")
 
     @rule()
+    def rebuild(self):
+        self.real.rebuild()
+        self.ref.rebuild()
+
+    @rule()
     def round_trip(self):
         self.real = type(self.real).from_bytes(self.real.to_bytes())
         self.ref = type(self.ref).from_bytes(self.ref.to_bytes())
@@ -202,6 +207,7 @@ class TwinMachine(RuleBasedStateMachine):
         self.real.validate()
         self.ref.validate()
         assert len(self.real) == len(self.ref) == len(self.present)
+        assert (self.real.dims, self.real.margin) == (self.ref.dims, self.ref.margin)
         ids = np.array(sorted(self.present), np.uint64)
         assert np.array_equal(self.real.get(ids), self.ref.get(ids))
         assert all(i in self.real for i in ids[:5])
@@ -258,11 +264,6 @@ class TreeMachine(TwinMachine):
         self.real.remove(ids)
         self.ref.remove(ids)
         self.present.difference_update(ids.tolist())
-
-    @rule()
-    def rebuild(self):
-        self.real.rebuild()
-        self.ref.rebuild()
 
 
 class BroadphaseMachine(TwinMachine):
