@@ -73,7 +73,9 @@ class World:
             validation.as_boxes(move_boxes, dims, len(move_ids), "move_boxes")
         except ValueError as exc:
             raise InvalidArgument(str(exc)) from None
-        self._check_distinct(create_ids, move_ids, destroy_ids)
+        if sum(1 for ids in (create_ids, move_ids, destroy_ids) if len(ids)) > 1:
+            # Within one operation the core finds repeated ids itself, with its hash table.
+            self._check_distinct(create_ids, move_ids, destroy_ids)
         if n and len(move_ids):
             self._check_present(move_ids, "move")
         if (n or len(move_ids)) and len(destroy_ids):

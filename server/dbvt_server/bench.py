@@ -1,0 +1,255 @@
+"""dbvt-bench: W1 streamed through a dbvt-server, against the in-process dbvt.Broadphase on the same data.
+
+    dbvt-bench [W1_DIR] [--target HOST:PORT] [--repeats 3]
+
+W1_DIR is a directory made by the shared W1 workload script (boxes.f32, moves_ids.u32, moves_box.f32,
+q_aabb.f32, meta.json; expected.json, if present, is checked); without one a W1-like world of --n
+proxies is generated here. Without --target a server is started as a child process. Figures are
+medians of --repeats runs; the server and this client are separate processes talking over loopback.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+
+from dbvt_client import Client
+
+LISTENING = re.compile(r"listening on \S+:(\d+)")
+
+
+class Workload:
+    def __init__(self, boxes, move_ids, move_boxes, queries, expected=None):
+        self.boxes = boxes
+        self.move_ids = move_ids
+        self.move_boxes = move_boxes
+        self.queries = queries
+        self.expected = expected
+        self.ids = np.arange(len(boxes), dtype=np.uint64)
+
+    @property
+    def steps(self) -> int:
+        return len(self.move_ids)
+
+    @classmethod
+    def load(cls, directory: pathlib.Path) -> "Workload":
+        meta = json.loads((directory / "meta.json").read_text())
+        boxes = np.fromfile(directory / "boxes.f32", "<f4").reshape(-1, 6)
+        move_ids = np.fromfile(directory / "moves_ids.u32", "<u4").reshape(meta["steps"], -1).astype(np.uint64)
+        move_boxes = np.fromfile(directory / "moves_box.f32", "<f4").reshape(meta["steps"], -1, 6)
+        queries = np.fromfile(directory / "q_aabb.f32", "<f4").reshape(-1, 6)
+        expected_file = directory / "expected.json"
+        expected = json.loads(expected_file.read_text()) if expected_file.exists() else None
+        return cls(boxes, move_ids, move_boxes, queries, expected)
+
+    @classmethod
+    def generate(cls, n: int, steps: int, seed: int = 1) -> "Workload":
+        """The W1 recipe: side 5 n^(1/3), box sides 1..4, a tenth moving per step at <= 0.5, bouncing."""
+        rng = np.random.default_rng(seed)
+        side = 5.0 * n ** (1 / 3)
+        half = rng.uniform(0.5, 2.0, (n, 3))
+        centers = rng.uniform(0, side, (n, 3))
+        velocity = rng.normal(size=(n, 3))
+        velocity *= rng.uniform(0, 0.5, (n, 1)) / np.linalg.norm(velocity, axis=1, keepdims=True)
+        boxes = np.concatenate([centers - half, centers + half], 1).astype(np.float32)
+        move_ids, move_boxes = [], []
+        for _ in range(steps):
+            rows = np.sort(rng.choice(n, n // 10, replace=False))
+            moved = centers[rows] + velocity[rows]
+            velocity[rows] = np.where((moved < 0) | (moved > side), -velocity[rows], velocity[rows])
+            centers[rows] = np.clip(moved, 0, side)
+            move_ids.append(rows.astype(np.uint64))
+            move_boxes.append(np.concatenate([centers[rows] - half[rows], centers[rows] + half[rows]], 1))
+        queries = rng.uniform(0, side, (10_000, 3))
+        queries = np.concatenate([queries - 5.0, queries + 5.0], 1).astype(np.float32)
+        return cls(boxes, np.array(move_ids), np.array(move_boxes, np.float32), queries)
+
+
+class Progress:
+    """A one-line progress bar on stderr."""
+
+    def __init__(self, label: str, total: int):
+        self.label, self.total, self.done = label, total, 0
+
+    def advance(self) -> None:
+        self.done += 1
+        filled = 30 * self.done // max(self.total, 1)
+        sys.stderr.write(f"\r{self.label:<28} [{'#' * filled}{'.' * (30 - filled)}] {self.done}/{self.total}")
+        if self.done == self.total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+def start_server() -> tuple[subprocess.Popen, str]:
+    process = subprocess.Popen([sys.executable, "-m", "dbvt_server", "--host", "127.0.0.1", "--port", "0"],
+                               stderr=subprocess.PIPE, text=True)
+    for line in process.stderr:
+        found = LISTENING.search(line)
+        if found:
+            return process, f"127.0.0.1:{found.group(1)}"
+    raise SystemExit("dbvt-server did not start")
+
+
+def wire_run(client: Client, work: Workload, progress: Progress) -> dict:
+    """One pass over the workload through the server: creation, streamed steps, queries, ingest."""
+    name = "dbvt-bench"
+    if name in client.list_worlds():
+        client.delete_world(name)
+    world = client.create_world(name, dims=3, margin=0.05)
+    started = time.perf_counter()
+    pairs = len(world.apply(create=(work.ids, work.boxes)).begun)
+    create_seconds = time.perf_counter() - started
+    step_seconds, pair_counts = [], []
+    with world.stream() as stream:
+        for step in range(work.steps):
+            started = time.perf_counter()
+            result = stream.apply(move=(work.move_ids[step], work.move_boxes[step]))
+            step_seconds.append(time.perf_counter() - started)
+            pairs += len(result.begun) - len(result.ended)
+            pair_counts.append(pairs)
+            progress.advance()
+        # Move-only ingest: every step's moves again, pipelined, answers collected at the end.
+        started = time.perf_counter()
+        pending = [stream.submit(move=(work.move_ids[step], work.move_boxes[step])) for step in range(work.steps)]
+        for future in pending:
+            future.result()
+        ingest_seconds = time.perf_counter() - started
+    started = time.perf_counter()
+    world.query_aabb(work.queries)
+    query_seconds = time.perf_counter() - started
+    client.delete_world(name)
+    return dict(create=create_seconds, step=statistics.median(step_seconds), ingest=ingest_seconds,
+                query=query_seconds, pair_counts=pair_counts)
+
+
+def local_run(work: Workload, progress: Progress) -> dict:
+    """The same pass on an in-process dbvt.Broadphase."""
+    from dbvt import Broadphase
+
+    broadphase = Broadphase(dims=3, margin=0.05)
+    started = time.perf_counter()
+    broadphase.create(work.ids, work.boxes)
+    broadphase.update()
+    create_seconds = time.perf_counter() - started
+    step_seconds = []
+    for step in range(work.steps):
+        started = time.perf_counter()
+        broadphase.move(work.move_ids[step], work.move_boxes[step])
+        broadphase.update()
+        step_seconds.append(time.perf_counter() - started)
+        progress.advance()
+    started = time.perf_counter()
+    for step in range(work.steps):
+        broadphase.move(work.move_ids[step], work.move_boxes[step])
+        broadphase.update()
+    ingest_seconds = time.perf_counter() - started
+    started = time.perf_counter()
+    broadphase.query_aabb(work.queries)
+    query_seconds = time.perf_counter() - started
+    return dict(create=create_seconds, step=statistics.median(step_seconds), ingest=ingest_seconds,
+                query=query_seconds)
+
+
+def parallel_worlds(target: str, work: Workload, calls: int = 6) -> tuple[float, float]:
+    """Query calls per second on one busy world, and on two busy worlds at once (one client each)."""
+    with Client(target) as client:
+        for name in ("parallel-a", "parallel-b"):
+            if name in client.list_worlds():
+                client.delete_world(name)
+            client.create_world(name).apply(create=(work.ids, work.boxes))
+
+    def hammer(name: str) -> None:
+        with Client(target) as client:
+            world = client.world(name)
+            for _ in range(calls):
+                world.query_aabb(work.queries)
+
+    started = time.perf_counter()
+    hammer("parallel-a")
+    one = calls / (time.perf_counter() - started)
+    threads = [threading.Thread(target=hammer, args=(name,)) for name in ("parallel-a", "parallel-b")]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    two = 2 * calls / (time.perf_counter() - started)
+    with Client(target) as client:
+        client.delete_world("parallel-a")
+        client.delete_world("parallel-b")
+    return one, two
+
+
+def median_of(runs: list[dict], key: str) -> float:
+    return statistics.median(run[key] for run in runs)
+
+
+def report(work: Workload, wire: list[dict], local: list[dict], parallel: list[tuple[float, float]]) -> list[str]:
+    n, moves = len(work.ids), work.move_ids.shape[1]
+    total_moves = moves * work.steps
+    step_wire, step_local = median_of(wire, "step"), median_of(local, "step")
+    query_wire, query_local = median_of(wire, "query"), median_of(local, "query")
+    ingest_wire, ingest_local = median_of(wire, "ingest"), median_of(local, "ingest")
+    lines = [
+        f"W1: N={n}, {work.steps} steps of {moves} moves, {len(work.queries)} box queries; "
+        f"medians of {len(wire)} runs",
+        f"{'':34}{'server (wire)':>16}{'in-process':>14}{'ratio':>8}  target",
+        f"{'create all, ms':34}{median_of(wire, 'create') * 1e3:16.1f}{median_of(local, 'create') * 1e3:14.1f}"
+        f"{median_of(wire, 'create') / median_of(local, 'create'):8.2f}",
+        f"{'streamed step (moves + pairs), ms':34}{step_wire * 1e3:16.2f}{step_local * 1e3:14.2f}"
+        f"{step_wire / step_local:8.2f}  <= 1.5x",
+        f"{'move-only ingest, M moves/s':34}{total_moves / ingest_wire / 1e6:16.2f}"
+        f"{total_moves / ingest_local / 1e6:14.2f}{ingest_wire / ingest_local:8.2f}  >= 3 M/s",
+        f"{'10k box queries in one call, ms':34}{query_wire * 1e3:16.2f}{query_local * 1e3:14.2f}"
+        f"{query_wire / query_local:8.2f}  <= 1.5x",
+    ]
+    one, two = (statistics.median(rates) for rates in zip(*parallel))
+    lines.append(f"{'10k-query calls/s, 1 world':34}{one:16.2f}")
+    lines.append(f"{'10k-query calls/s, 2 worlds at once':34}{two:16.2f}{'':14}{two / one:8.2f}  >= 1.6x")
+    if work.expected is not None:
+        expected = work.expected["pairs_per_step"][:work.steps]
+        same = all(run["pair_counts"] == expected for run in wire)
+        lines.append(f"pair counts after every step {'match' if same else 'DIFFER FROM'} the oracle's expected.json")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="dbvt-bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("w1_dir", nargs="?", type=pathlib.Path, help="a W1 directory (default: generate one)")
+    parser.add_argument("--target", help="HOST:PORT of a running dbvt-server (default: start one)")
+    parser.add_argument("--n", type=int, default=100_000, help="proxies of the generated world [100000]")
+    parser.add_argument("--steps", type=int, default=30, help="steps to run (at most the directory's) [30]")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each side; medians are reported [3]")
+    args = parser.parse_args(argv)
+    if args.w1_dir:
+        work = Workload.load(args.w1_dir)
+        work.move_ids, work.move_boxes = work.move_ids[:args.steps], work.move_boxes[:args.steps]
+    else:
+        work = Workload.generate(args.n, args.steps)
+    process, target = (None, args.target) if args.target else start_server()
+    try:
+        with Client(target) as client:
+            wire, local, parallel = [], [], []
+            for run in range(args.repeats):
+                wire.append(wire_run(client, work, Progress(f"server run {run + 1}/{args.repeats}", work.steps)))
+                local.append(local_run(work, Progress(f"in-process run {run + 1}/{args.repeats}", work.steps)))
+                parallel.append(parallel_worlds(target, work))
+    finally:
+        if process is not None:
+            process.terminate()
+            process.wait(30)
+    print("\n".join(report(work, wire, local, parallel)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
