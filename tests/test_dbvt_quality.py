@@ -1,8 +1,9 @@
 """Tree quality: height stays within 2*log2(n) for awkward layouts, whichever way the boxes went in, and
 after W1-like motion; area_ratio is always reported and finite.
 
-The layouts are the ones that break naive trees: a row (every box's centre on one line), a lattice of
-equal boxes (endless cost ties), boxes sharing one centre, and identical boxes (no split separates them).
+The layouts are the ones that break naive trees: a row (every box's centre on one line), points on a
+line (every surface area is zero, so a pure SAH cost cannot tell splits apart), a lattice of equal boxes
+(endless cost ties), boxes sharing one centre, and identical boxes (no split separates them).
 """
 import math
 
@@ -13,7 +14,7 @@ import dbvt
 from worlds import W1World, boxes_around
 
 N = 4096
-LAYOUTS = ["random", "row", "grid", "equal centres", "identical", "identical points"]
+LAYOUTS = ["random", "row", "points on a line", "grid", "equal centres", "identical", "identical points"]
 
 
 def layout(name, n, dims, seed=0):
@@ -25,6 +26,10 @@ def layout(name, n, dims, seed=0):
         centers = np.zeros((n, dims))
         centers[:, 0] = 1.5 * rng.permutation(n)
         half = np.full((n, dims), 1.0)
+    elif name == "points on a line":
+        centers = np.zeros((n, dims))
+        centers[:, 0] = rng.permutation(n)
+        half = np.zeros((n, dims))
     elif name == "grid":
         side = math.ceil(n ** (1 / dims))
         cells = np.stack(np.unravel_index(rng.permutation(side**dims)[:n], (side,) * dims), axis=1)
