@@ -47,11 +47,14 @@ def height_bound(n):
     return 2 * math.log2(n)
 
 
-def check_quality(tree, label):
+def check_quality(tree, label, ids):
     tree.validate()
     stats = tree.stats()
     n = len(tree)
-    assert stats["proxies"] == n
+    assert stats["proxies"] == n == len(ids)
+    # A query holding everything walks the whole tree, however deep: the walk's stack must grow.
+    everything = np.array([[-1e30] * tree.dims + [1e30] * tree.dims], np.float32)
+    assert np.array_equal(tree.query_aabb(everything)[1], np.sort(ids)), label
     assert np.isfinite(stats["area_ratio"]) and stats["area_ratio"] >= 0, (label, stats)
     assert stats["height"] <= height_bound(n), (label, stats)
     assert stats["memory_bytes"] > 0, (label, stats)
@@ -76,11 +79,11 @@ def test_height_after_inserts(mode, name, dims):
         tree.insert(ids, boxes)
     else:
         insert_in_batches(tree, ids, boxes, 1 if mode == "batches of 1" else 64)
-    check_quality(tree, f"{name} {dims}-D after {mode}")
+    check_quality(tree, f"{name} {dims}-D after {mode}", ids)
     tree.remove(ids[::2])
-    check_quality(tree, f"{name} {dims}-D after removing half")
+    check_quality(tree, f"{name} {dims}-D after removing half", ids[1::2])
     tree.rebuild()
-    check_quality(tree, f"{name} {dims}-D after rebuild")
+    check_quality(tree, f"{name} {dims}-D after rebuild", ids[1::2])
 
 
 @pytest.mark.parametrize("dims", [2, 3])
@@ -95,8 +98,8 @@ def test_height_after_w1_moves(dims, margin):
         for tree in (bulk, incremental):
             assert 0 <= tree.update(ids, boxes) <= len(ids)
         if step % 5 == 4:
-            check_quality(bulk, f"bulk {dims}-D step {step}")
-            check_quality(incremental, f"incremental {dims}-D step {step}")
+            check_quality(bulk, f"bulk {dims}-D step {step}", world.ids)
+            check_quality(incremental, f"incremental {dims}-D step {step}", world.ids)
 
 
 def test_broadphase_stays_shallow_under_w1_moves():
