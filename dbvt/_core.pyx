@@ -338,13 +338,13 @@ cdef inline void free_node(TreeCore *t, int32_t index) noexcept nogil:
 # ---------------------------------------------------------------------------------------------
 # Insertion (Box2D v3's one greedy SAH descent, then refit and rotate on the way up) and removal.
 
-cdef int32_t find_best_sibling(const TreeCore *t, const float *box) noexcept nogil:
-    """The reference whose pairing with `box` under a new parent costs least, by branch and bound
-    along a single path: `inherited` is what the ancestors' growth costs, the lower bounds are
-    what a subtree could cost at best."""
+cdef int32_t find_best_sibling(const TreeCore *t, const float *box, int32_t start) noexcept nogil:
+    """The reference under `start` whose pairing with `box` under a new parent costs least, by
+    branch and bound along a single path: `inherited` is what the ancestors' growth costs, the
+    lower bounds are what a subtree could cost at best."""
     cdef bint planar = t.dims == 2
     cdef float area = box_cost(box, planar)
-    cdef int32_t index = t.root
+    cdef int32_t index = start
     cdef float area_base = box_cost(ref_box(t, index), planar)
     cdef float direct = union_cost(ref_box(t, index), box, planar)
     cdef float inherited = 0.0
@@ -473,7 +473,8 @@ cdef void rotate(TreeCore *t, int32_t a) noexcept nogil:
     refit(t, a)
 
 
-cdef void insert_leaf(TreeCore *t, int32_t proxy) noexcept nogil:
+cdef void insert_leaf(TreeCore *t, int32_t proxy, int32_t start) noexcept nogil:
+    """Insert a leaf below `start` (the root, or a node whose box already holds the leaf's)."""
     cdef int32_t leaf = ~proxy
     cdef int32_t sibling, old_parent, parent, index
     cdef float *fat = t.proxies[proxy].fat
@@ -482,7 +483,7 @@ cdef void insert_leaf(TreeCore *t, int32_t proxy) noexcept nogil:
         t.proxies[proxy].parent = NULL_REF
         return
     # Stage 1: where the new leaf costs least.
-    sibling = find_best_sibling(t, fat)
+    sibling = find_best_sibling(t, fat, start)
     # Stage 2: a new parent joins the sibling and the leaf.
     old_parent = ref_parent(t, sibling)
     parent = alloc_node(t)
@@ -533,7 +534,7 @@ cdef int32_t core_add(TreeCore *t, uint64_t id, const float *tight, bint into_tr
     t.proxy_count += 1
     slot_insert(t, proxy)
     if into_tree:
-        insert_leaf(t, proxy)
+        insert_leaf(t, proxy, t.root)
     return proxy
 
 
@@ -551,6 +552,7 @@ cdef bint core_move(TreeCore *t, int32_t proxy, const float *tight) noexcept nog
     cdef Proxy *p = &t.proxies[proxy]
     cdef float shift, limit
     cdef float fat[6]
+    cdef int32_t start
     cdef int i
     if box_contains(p.fat, tight):
         memcpy(p.tight, tight, 6 * sizeof(float))
@@ -569,11 +571,18 @@ cdef bint core_move(TreeCore *t, int32_t proxy, const float *tight) noexcept nog
             fat[i] += shift
         else:
             fat[i + 3] += shift
+    # Moves are mostly short: the lowest ancestor above the leaf's parent (which the removal frees)
+    # that still holds the new box bounds the search, so the tree above it is left untouched.
+    start = NULL_REF
+    if p.parent != NULL_REF:
+        start = t.parents[p.parent]
+        while start != NULL_REF and not box_contains(t.nodes[start].box, fat):
+            start = t.parents[start]
     remove_leaf(t, proxy)
     p = &t.proxies[proxy]
     memcpy(p.tight, tight, 6 * sizeof(float))
     memcpy(p.fat, fat, 6 * sizeof(float))
-    insert_leaf(t, proxy)
+    insert_leaf(t, proxy, start if start != NULL_REF else t.root)
     return True
 
 
@@ -964,50 +973,71 @@ cdef inline double sphere_reach(const Query *q, const float *b) noexcept nogil:
     return reach
 
 
-cdef inline bint classify_node(const Query *q, const float *box, uint32_t *pending) noexcept nogil:
+# The kind of a query is a type, so each walk is compiled once per kind with its predicates inlined
+# and no per-node dispatch.
+ctypedef struct BoxKind:
+    char unused
+ctypedef struct SphereKind:
+    char unused
+ctypedef struct RayKind:
+    char unused
+ctypedef struct FrustumKind:
+    char unused
+
+ctypedef fused Kind:
+    BoxKind
+    SphereKind
+    RayKind
+    FrustumKind
+
+
+cdef inline bint classify_node(const Kind *kind, const Query *q, const float *box, uint32_t *pending) noexcept nogil:
     """False when the node can hold no hit; clears `pending` when all it holds are hits."""
     cdef double entry
     cdef uint32_t bits
     cdef int j
-    if q.kind == QUERY_BOX:
+    if Kind is BoxKind:
         if not boxes_overlap(q.box, box):
             return False
         if box_contains(q.box, box):
             pending[0] = 0
         return True
-    if q.kind == QUERY_SPHERE:
+    elif Kind is SphereKind:
         if sphere_gap(q, box) > q.radius_sq:
             return False
         if sphere_reach(q, box) <= q.radius_sq:
             pending[0] = 0
         return True
-    if q.kind == QUERY_RAY:
+    elif Kind is RayKind:
         if not segment_hits(q, box, &entry):
             return False
         return not (q.first_hit and entry > q.best_fraction)
-    bits = pending[0]
-    for j in range(q.plane_count):
-        if bits & (<uint32_t>1 << j):
-            if plane_max(q.planes[j], box) < 0.0:
-                return False
-            if plane_min(q.planes[j], box) >= 0.0:
-                bits &= ~(<uint32_t>1 << j)
-    pending[0] = bits
-    return True
+    else:
+        bits = pending[0]
+        for j in range(q.plane_count):
+            if bits & (<uint32_t>1 << j):
+                if plane_max(q.planes[j], box) < 0.0:
+                    return False
+                if plane_min(q.planes[j], box) >= 0.0:
+                    bits &= ~(<uint32_t>1 << j)
+        pending[0] = bits
+        return True
 
 
-cdef inline bint test_leaf(const Query *q, const float *tight, uint32_t pending, double *fraction) noexcept nogil:
+cdef inline bint test_leaf(const Kind *kind, const Query *q, const float *tight, uint32_t pending,
+                           double *fraction) noexcept nogil:
     cdef int j
-    if q.kind == QUERY_BOX:
+    if Kind is BoxKind:
         return boxes_overlap(q.box, tight)
-    if q.kind == QUERY_SPHERE:
+    elif Kind is SphereKind:
         return sphere_gap(q, tight) <= q.radius_sq
-    if q.kind == QUERY_RAY:
+    elif Kind is RayKind:
         return segment_hits(q, tight, fraction) and not (q.first_hit and fraction[0] > q.best_fraction)
-    for j in range(q.plane_count):
-        if (pending & (<uint32_t>1 << j)) and plane_max(q.planes[j], tight) < 0.0:
-            return False
-    return True
+    else:
+        for j in range(q.plane_count):
+            if (pending & (<uint32_t>1 << j)) and plane_max(q.planes[j], tight) < 0.0:
+                return False
+        return True
 
 
 cdef inline int stack_push(Stack *stack, int32_t ref, uint32_t pending) noexcept nogil:
@@ -1061,19 +1091,16 @@ cdef void hits_free(Hits *hits) noexcept nogil:
     hits.count = hits.capacity = 0
 
 
-cdef int walk(const TreeCore *t, Query *q, Stack *stack, Hits *hits) noexcept nogil:
-    """Append to `hits` every proxy whose tight box the query touches (and whose group passes the
-    mask). One loop over one stack serves every query kind."""
+cdef int walk_kind(const Kind *kind, const TreeCore *t, Query *q, Stack *stack, Hits *hits) noexcept nogil:
     cdef StackEntry entry
     cdef int32_t proxy
-    cdef uint32_t pending
+    cdef uint32_t pending = 1
     cdef double fraction
+    if Kind is FrustumKind:
+        pending = <uint32_t>0xFFFFFFFF if q.plane_count == 32 else (<uint32_t>1 << q.plane_count) - 1
+    stack.count = 0
     if t.root == NULL_REF:
         return 0
-    stack.count = 0
-    pending = 1
-    if q.kind == QUERY_FRUSTUM:
-        pending = <uint32_t>0xFFFFFFFF if q.plane_count == 32 else (<uint32_t>1 << q.plane_count) - 1
     if stack_push(stack, t.root, pending) != 0:
         return -1
     while stack.count:
@@ -1084,19 +1111,32 @@ cdef int walk(const TreeCore *t, Query *q, Stack *stack, Hits *hits) noexcept no
             if q.groups != NULL and (q.groups[proxy] & q.mask) == 0:
                 continue
             fraction = 0.0
-            if entry.pending == 0 or test_leaf(q, t.proxies[proxy].tight, entry.pending, &fraction):
+            if entry.pending == 0 or test_leaf(kind, q, t.proxies[proxy].tight, entry.pending, &fraction):
                 if hits_push(hits, proxy, fraction) != 0:
                     return -1
-                if q.first_hit and fraction < q.best_fraction:
-                    q.best_fraction = fraction
+                if Kind is RayKind:
+                    if q.first_hit and fraction < q.best_fraction:
+                        q.best_fraction = fraction
             continue
         pending = entry.pending
-        if pending and not classify_node(q, t.nodes[entry.ref].box, &pending):
+        if pending and not classify_node(kind, q, t.nodes[entry.ref].box, &pending):
             continue
         if (stack_push(stack, t.nodes[entry.ref].child[1], pending) != 0
                 or stack_push(stack, t.nodes[entry.ref].child[0], pending) != 0):
             return -1
     return 0
+
+
+cdef int walk(const TreeCore *t, Query *q, Stack *stack, Hits *hits) noexcept nogil:
+    """Append to `hits` every proxy whose tight box the query touches (and whose group passes the
+    mask). One walker serves every query kind."""
+    if q.kind == QUERY_BOX:
+        return walk_kind(<BoxKind *>NULL, t, q, stack, hits)
+    if q.kind == QUERY_SPHERE:
+        return walk_kind(<SphereKind *>NULL, t, q, stack, hits)
+    if q.kind == QUERY_RAY:
+        return walk_kind(<RayKind *>NULL, t, q, stack, hits)
+    return walk_kind(<FrustumKind *>NULL, t, q, stack, hits)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1514,4 +1554,4 @@ cdef int64_t core_memory(const TreeCore *t) noexcept nogil:
 
 
 cdef void core_insert_leaf(TreeCore *t, int32_t proxy) noexcept nogil:
-    insert_leaf(t, proxy)
+    insert_leaf(t, proxy, t.root)
