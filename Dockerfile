@@ -40,5 +40,6 @@ ENV PATH=/opt/venv/bin:$PATH \
 EXPOSE 50051
 HEALTHCHECK --interval=15s --timeout=5s --start-period=5s --retries=3 \
     CMD ["python", "-m", "dbvt_server.healthcheck"]
-# Exec form: dbvt-server is PID 1 and gets SIGTERM itself, for a graceful stop.
+# Exec form: dbvt-server is PID 1 and gets SIGTERM itself, for a graceful stop. It lets calls in
+# flight finish for DBVT_GRACE_SECONDS (10 by default); give `docker stop --time` more than that.
 ENTRYPOINT ["dbvt-server"]

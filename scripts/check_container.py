@@ -40,6 +40,7 @@ DEFAULT_BASE_CACHE = Path("/var/cache/dbvt-server/base-image")
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
 BASE_PACKAGES = ("python3", "python3-venv", "python3-pip", "ca-certificates")
+SBIN_DIRS = ("/usr/local/sbin", "/usr/sbin", "/sbin")
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 IMAGE = "dbvt-server:check"
 SERVER_PORT = "50051/tcp"
@@ -264,6 +265,9 @@ def main(argv=None) -> int:
                         help=f"where the debootstrapped base tarball is kept between runs "
                              f"(default {DEFAULT_BASE_CACHE})")
     args = parser.parse_args(argv)
+    # dockerd, docker-proxy, debootstrap, ip and iptables live in sbin, which a CI PATH may lack.
+    path = os.environ.get("PATH", "").split(os.pathsep)
+    os.environ["PATH"] = os.pathsep.join(path + [d for d in SBIN_DIRS if d not in path])
     # CI's time limit or Ctrl-C must still run the tear-down below.
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, _raise_on_signal)
