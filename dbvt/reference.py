@@ -8,6 +8,7 @@ except that proxies are kept sorted by id, so hits found in row order are alread
 from __future__ import annotations
 
 import io
+import operator
 
 import numpy as np
 
@@ -174,9 +175,9 @@ class _Proxies:
     def check_new(self, ids: np.ndarray) -> None:
         _raise_first_problem(ids, self.find(ids) >= 0, v.already_present)
 
-    def rows_of(self, ids: np.ndarray, unique: bool = True) -> np.ndarray:
+    def rows_of(self, ids: np.ndarray) -> np.ndarray:
         rows = self.find(ids)
-        _raise_first_problem(ids, rows < 0, v.unknown_id, repeats_allowed=not unique)
+        _raise_first_problem(ids, rows < 0, v.unknown_id)
         return rows
 
     def add(self, ids: np.ndarray, **values: np.ndarray) -> None:
@@ -212,9 +213,9 @@ class _Proxies:
             raise RuntimeError("a tight box is not finite or is inverted")
 
 
-def _raise_first_problem(ids: np.ndarray, wrong: np.ndarray, error, repeats_allowed: bool = False) -> None:
+def _raise_first_problem(ids: np.ndarray, wrong: np.ndarray, error) -> None:
     """Report the first row that either repeats an earlier row or is `wrong` (present or unknown)."""
-    duplicate = -1 if repeats_allowed else v.first_duplicate(ids)
+    duplicate = v.first_duplicate(ids)
     flagged = np.flatnonzero(wrong)
     first_wrong = int(flagged[0]) if flagged.size else -1
     if duplicate >= 0 and (first_wrong < 0 or duplicate < first_wrong):
@@ -224,8 +225,9 @@ def _raise_first_problem(ids: np.ndarray, wrong: np.ndarray, error, repeats_allo
 
 
 def _load_arrays(data: bytes, kind: str, keys) -> dict[str, np.ndarray]:
+    data = memoryview(data)  # TypeError for anything not bytes-like, as the core
     try:
-        with np.load(io.BytesIO(bytes(data)), allow_pickle=False) as archive:
+        with np.load(io.BytesIO(data), allow_pickle=False) as archive:
             arrays = {key: archive[key] for key in archive.files}
     except Exception as exc:
         raise ValueError(f"not a serialized reference {kind}: {exc}") from None
@@ -267,8 +269,8 @@ class _Structure:
 
     def __contains__(self, id_) -> bool:
         try:
-            value = int(id_)
-        except (TypeError, ValueError):
+            value = operator.index(id_)  # an integer, never a float that happens to be whole
+        except TypeError:
             return False
         if not 0 <= value < 2**64:
             return False
@@ -276,7 +278,7 @@ class _Structure:
 
     def get(self, ids) -> np.ndarray:
         ids = v.as_ids(ids)
-        rows = self._proxies.rows_of(ids, unique=False)
+        rows = self._proxies.rows_of(ids)
         return self._proxies.columns["tight"][rows].copy()
 
     def rebuild(self) -> None:

@@ -67,6 +67,8 @@ def cases(d):
         ("unknown on remove", lambda s: drop(s, [100, 101, 7]), KeyError, r"ids row 2: unknown id 7"),
         ("duplicate on remove", lambda s: drop(s, [101, 101]), ValueError, r"ids row 1: id 101 appears twice"),
         ("negative id on remove", lambda s: drop(s, [-3]), ValueError, r"ids row 0: id -3 is negative"),
+        ("unknown on get", lambda s: s.get([100, 7]), KeyError, r"ids row 1: unknown id 7"),
+        ("duplicate on get", lambda s: s.get([100, 100]), ValueError, r"ids row 1: id 100 appears twice"),
         ("query box NaN", lambda s: s.query_aabb(with_row(b2, 1, NAN)), ValueError, r"boxes row 1: NaN"),
         ("query box min > max", lambda s: s.query_aabb(with_row(b2, 1, inverted)), ValueError,
          r"boxes row 1: min > max"),
@@ -162,3 +164,12 @@ def test_garbage_bytes_are_rejected(implementation, kind):
     for data in (b"", b"not a tree at all", valid[: len(valid) // 2]):
         with pytest.raises(ValueError):
             cls.from_bytes(data)
+
+
+@pytest.mark.parametrize("implementation", sorted(IMPLEMENTATIONS))
+@pytest.mark.parametrize("kind", ["Tree", "Broadphase"])
+def test_membership_of_things_that_are_not_ids_is_false(implementation, kind):
+    structure = populated(IMPLEMENTATIONS[implementation], kind, 3)
+    assert 100 in structure and np.uint64(119) in structure
+    for value in (-1, 2**64, 100.0, "100", None, (100,)):
+        assert value not in structure, value
