@@ -4,6 +4,8 @@ the Broadphase's begun/ended pairs equal the brute-force reference's exactly.
 Most proxies go in with one bulk insert into the empty structure; the rest arrive (and some leave) in
 small batches between steps, so both insertion paths and removal run at scale.
 """
+import threading
+
 import numpy as np
 import pytest
 
@@ -121,3 +123,34 @@ def test_broadphase_equals_reference_through_w1_steps(dims):
         gone = members.departures(100, ~static & ~np.isin(np.arange(N), arrived))
         real.destroy(world.ids[gone])
         ref.destroy(world.ids[gone])
+
+
+def test_two_worlds_used_from_two_threads_answer_as_when_alone():
+    """The server runs different worlds in parallel with the GIL released: no state may be shared."""
+    worlds = [W1World(N, 3, seed=50 + i) for i in range(2)]
+    broadphases = []
+    for world in worlds:
+        broadphases.append(dbvt.Broadphase(3))
+        broadphases[-1].create(world.ids, world.boxes)
+    probes = [(w.query_boxes(500), w.segments(500), w.frusta(20), [w.step() for _ in range(6)]) for w in worlds]
+
+    def run(i):
+        bp, (boxes, segments, planes, moves) = broadphases[i], probes[i]
+        answers = []
+        for ids, new in moves:
+            bp.move(ids, new)
+            answers += [*bp.update(), *bp.query_aabb(boxes), *bp.raycast(segments), *bp.query_frustum(planes)]
+        return answers
+
+    snapshots = [bp.to_bytes() for bp in broadphases]
+    alone = [run(i) for i in range(2)]
+    broadphases[:] = [dbvt.Broadphase.from_bytes(data) for data in snapshots]
+    together = [None, None]
+    threads = [threading.Thread(target=lambda i=i: together.__setitem__(i, run(i))) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for i in range(2):
+        assert len(together[i]) == len(alone[i])
+        assert all(np.array_equal(a, b) for a, b in zip(together[i], alone[i])), f"world {i}"
