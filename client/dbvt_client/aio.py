@@ -167,7 +167,7 @@ class AsyncWorld:
             request = pb.ApplyBatchRequest(world=self.name, batch=parts[0])
             return batches.decode_result((await self._client._transport.unary("ApplyBatch", request)).result)
         async with self.stream() as stream:
-            return await stream.apply_parts(parts)
+            return await stream._apply_parts(parts)
 
     def stream(self) -> "AsyncBatchStream":
         return AsyncBatchStream(self)
@@ -228,7 +228,7 @@ class AsyncBatchStream:
                     mask=None) -> BatchResult:
         return await (await self.submit(create, move, destroy, static=static, group=group, mask=mask))
 
-    async def apply_parts(self, parts: list[pb.Batch]) -> BatchResult:
+    async def _apply_parts(self, parts: list[pb.Batch]) -> BatchResult:
         return await (await self._submit_parts(parts))
 
     async def _submit_parts(self, parts: list[pb.Batch]) -> asyncio.Future:

@@ -121,7 +121,7 @@ class World:
             response = transport.unary("ApplyBatch", pb.ApplyBatchRequest(world=self.name, batch=parts[0]))
             return batches.decode_result(response.result)
         with self.stream() as stream:
-            return stream.apply_parts(parts)
+            return stream._apply_parts(parts)
 
     def stream(self) -> "BatchStream":
         return BatchStream(self)
@@ -186,7 +186,7 @@ class BatchStream:
     def apply(self, create=None, move=None, destroy=None, *, static=None, group=None, mask=None) -> BatchResult:
         return self.submit(create, move, destroy, static=static, group=group, mask=mask).result()
 
-    def apply_parts(self, parts: list[pb.Batch]) -> BatchResult:
+    def _apply_parts(self, parts: list[pb.Batch]) -> BatchResult:
         return self._submit_parts(parts).result()
 
     def _submit_parts(self, parts: list[pb.Batch]) -> Future:
