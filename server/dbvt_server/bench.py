@@ -16,6 +16,7 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -89,8 +90,9 @@ class Progress:
 
 
 def start_server() -> tuple[subprocess.Popen, str]:
+    # Started outside the working directory, which may be a source tree with an unbuilt `dbvt/`.
     process = subprocess.Popen([sys.executable, "-m", "dbvt_server", "--host", "127.0.0.1", "--port", "0"],
-                               stderr=subprocess.PIPE, text=True)
+                               stderr=subprocess.PIPE, text=True, cwd=tempfile.gettempdir())
     for line in process.stderr:
         found = LISTENING.search(line)
         if found:
