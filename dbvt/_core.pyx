@@ -6,9 +6,10 @@ holds both the fat box the tree is built on and the tight box that queries test.
 tree once with an explicit stack that grows; the query kinds differ only in two small predicates,
 `classify_node` and `test_leaf`.
 """
+from libc.float cimport FLT_MAX
 from libc.math cimport INFINITY
 from libc.stdint cimport INT32_MAX, int32_t, int64_t, uint32_t, uint64_t
-from libc.stdlib cimport free, malloc, realloc
+from libc.stdlib cimport free, llabs, malloc, realloc
 from libc.string cimport memcpy
 
 cdef extern from *:
@@ -34,14 +35,16 @@ cdef float PREDICTION_STEPS = 1.0
 # Boxes. Every box is float[6] = min x y z, max x y z; 2-D boxes have z = [0, 0].
 # Only min/max and monotone arithmetic touch stored bounds, so a parent always contains its children.
 
-cdef inline float box_cost(const float *b, bint planar) noexcept nogil:
-    """Half the surface area (3-D) or half the perimeter (2-D): the SAH's measure of a box."""
-    cdef float dx = b[3] - b[0]
-    cdef float dy = b[4] - b[1]
-    cdef float dz = b[5] - b[2]
+cdef inline double box_cost(const float *b, bint planar) noexcept nogil:
+    """Half the surface area (3-D) or half the perimeter (2-D): the SAH's measure of a box. In 3-D a
+    vanishing share of the squared edge sum keeps flat and point-like boxes (zero area) apart.
+    Double precision: extents of finite float32 boxes can overflow float32, never double."""
+    cdef double dx = <double>b[3] - b[0]
+    cdef double dy = <double>b[4] - b[1]
+    cdef double dz = <double>b[5] - b[2]
     if planar:
         return dx + dy
-    return dx * dy + dy * dz + dz * dx
+    return dx * dy + dy * dz + dz * dx + 1e-6 * (dx + dy + dz) * (dx + dy + dz)
 
 
 cdef inline void union_box(float *out, const float *a, const float *b) noexcept nogil:
@@ -51,7 +54,7 @@ cdef inline void union_box(float *out, const float *a, const float *b) noexcept 
         out[i + 3] = a[i + 3] if a[i + 3] > b[i + 3] else b[i + 3]
 
 
-cdef inline float union_cost(const float *a, const float *b, bint planar) noexcept nogil:
+cdef inline double union_cost(const float *a, const float *b, bint planar) noexcept nogil:
     cdef float u[6]
     union_box(u, a, b)
     return box_cost(u, planar)
@@ -83,13 +86,22 @@ cdef inline void store_box(const float *box, int32_t dims, float *row) noexcept 
         row[0] = box[0]; row[1] = box[1]; row[2] = box[3]; row[3] = box[4]
 
 
+cdef inline float clamp_finite(float x) noexcept nogil:
+    """Bounds stay finite (a huge margin could round them to infinity, and centres to NaN)."""
+    if x > FLT_MAX:
+        return FLT_MAX
+    if x < -FLT_MAX:
+        return -FLT_MAX
+    return x
+
+
 cdef inline void fatten(const TreeCore *t, const float *tight, float *fat) noexcept nogil:
     cdef int i
     cdef int axes = t.dims
     memcpy(fat, tight, 6 * sizeof(float))
     for i in range(axes):
-        fat[i] = tight[i] - t.margin
-        fat[i + 3] = tight[i + 3] + t.margin
+        fat[i] = clamp_finite(tight[i] - t.margin)
+        fat[i + 3] = clamp_finite(tight[i + 3] + t.margin)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -343,17 +355,17 @@ cdef int32_t find_best_sibling(const TreeCore *t, const float *box, int32_t star
     branch and bound along a single path: `inherited` is what the ancestors' growth costs, the
     lower bounds are what a subtree could cost at best."""
     cdef bint planar = t.dims == 2
-    cdef float area = box_cost(box, planar)
+    cdef double area = box_cost(box, planar)
     cdef int32_t index = start
-    cdef float area_base = box_cost(ref_box(t, index), planar)
-    cdef float direct = union_cost(ref_box(t, index), box, planar)
-    cdef float inherited = 0.0
+    cdef double area_base = box_cost(ref_box(t, index), planar)
+    cdef double direct = union_cost(ref_box(t, index), box, planar)
+    cdef double inherited = 0.0
     cdef int32_t best = index
-    cdef float best_cost = direct
+    cdef double best_cost = direct
     cdef int32_t child1, child2
     cdef float *box1
     cdef float *box2
-    cdef float direct1, direct2, area1, area2, lower1, lower2, cost, d
+    cdef double direct1, direct2, area1, area2, lower1, lower2, cost, d
     cdef int i
     while index >= 0:
         child1 = t.nodes[index].child[0]
@@ -398,9 +410,9 @@ cdef int32_t find_best_sibling(const TreeCore *t, const float *box, int32_t star
             lower1 = 0.0
             lower2 = 0.0
             for i in range(3):
-                d = (box1[i] + box1[i + 3]) - (box[i] + box[i + 3])
+                d = (<double>box1[i] + box1[i + 3]) - (<double>box[i] + box[i + 3])
                 lower1 += d * d
-                d = (box2[i] + box2[i + 3]) - (box[i] + box[i + 3])
+                d = (<double>box2[i] + box2[i + 3]) - (<double>box[i] + box[i + 3])
                 lower2 += d * d
             if lower1 == lower2:
                 lower1 = t.heights[child1]
@@ -423,10 +435,10 @@ cdef void rotate(TreeCore *t, int32_t a) noexcept nogil:
     cdef int32_t b = t.nodes[a].child[0]
     cdef int32_t c = t.nodes[a].child[1]
     cdef int32_t best_up = NULL_REF, best_down = NULL_REF, best_mid = NULL_REF
-    cdef float best_gain = 0.0
+    cdef double best_gain = 0.0
     cdef int side, k
     cdef int32_t down, mid, up, keep, height
-    cdef float gain
+    cdef double gain
     if t.heights[a] < 2:
         return
     # side 0: b goes down into c, swapping with a child of c; side 1: the mirror image.
@@ -568,9 +580,9 @@ cdef bint core_move(TreeCore *t, int32_t proxy, const float *tight) noexcept nog
         elif shift < -limit:
             shift = -limit
         if shift < 0:
-            fat[i] += shift
+            fat[i] = clamp_finite(fat[i] + shift)
         else:
-            fat[i + 3] += shift
+            fat[i + 3] = clamp_finite(fat[i + 3] + shift)
     # Moves are mostly short: the lowest ancestor above the leaf's parent (which the removal frees)
     # that still holds the new box bounds the search, so the tree above it is left untouched.
     start = NULL_REF
@@ -645,15 +657,24 @@ cdef void bound_range(const BuildItem *items, int64_t start, int64_t count, Boun
         bounds_add(out, &items[i], i == start)
 
 
+cdef inline int bin_of(float center, float low, double scale) noexcept nogil:
+    cdef double x = (<double>center - low) * scale
+    if x < 0.0:
+        return 0
+    if x >= BIN_COUNT:
+        return BIN_COUNT - 1
+    return <int>x
+
+
 cdef int64_t split_small(BuildItem *items, int64_t start, int64_t count, int axis,
                          Bounds *left, Bounds *right, bint planar) noexcept nogil:
     """Exact SAH for a few items: sort them along the axis and try every position. Cheaper than
     binning, whose fixed cost dominates the many small ranges near the leaves."""
-    cdef float suffix[SMALL_SPLIT]
+    cdef double suffix[SMALL_SPLIT]
     cdef Bounds acc
     cdef BuildItem tmp
     cdef int64_t i, j, best = count // 2
-    cdef float cost, best_cost = INFINITY
+    cdef double cost, best_cost = INFINITY
     for i in range(start + 1, start + count):
         tmp = items[i]
         j = i - 1
@@ -667,7 +688,7 @@ cdef int64_t split_small(BuildItem *items, int64_t start, int64_t count, int axi
     for i in range(1, count):
         bounds_add(&acc, &items[start + i - 1], i == 1)
         cost = box_cost(acc.box, planar) * i + suffix[i]
-        if cost < best_cost:
+        if cost < best_cost or (cost == best_cost and llabs(2 * i - count) < llabs(2 * best - count)):
             best_cost = cost
             best = i
     bound_range(items, start, best, left)
@@ -681,17 +702,18 @@ cdef int64_t split_range(BuildItem *items, int64_t start, int64_t count, const B
     left and fills in both sides' bounds. Equal centres fall back to halving, which keeps piles
     of identical boxes balanced."""
     cdef Bin bins[BIN_COUNT]
-    cdef float left_cost[BIN_COUNT]
+    cdef double left_cost[BIN_COUNT]
+    cdef int64_t left_count[BIN_COUNT]
     cdef Bounds acc
-    cdef float extent, scale, cost, best_cost
-    cdef int64_t i, n_left, n_right, pos
+    cdef double extent, scale, cost, best_cost
+    cdef int64_t i, n_left, n_right, pos, best_balance = 0
     cdef int axis, k, b, best_split
     cdef BuildItem tmp
     axis = 0
     for k in range(1, 3):
         if all.cmax[k] - all.cmin[k] > all.cmax[axis] - all.cmin[axis]:
             axis = k
-    extent = all.cmax[axis] - all.cmin[axis]
+    extent = <double>all.cmax[axis] - all.cmin[axis]
     if count <= SMALL_SPLIT and extent > 0.0:
         return split_small(items, start, count, axis, left, right, planar)
     best_split = -1
@@ -701,9 +723,7 @@ cdef int64_t split_range(BuildItem *items, int64_t start, int64_t count, const B
         for b in range(BIN_COUNT):
             bins[b].count = 0
         for i in range(start, start + count):
-            b = <int>((items[i].center[axis] - all.cmin[axis]) * scale)
-            if b >= BIN_COUNT:
-                b = BIN_COUNT - 1
+            b = bin_of(items[i].center[axis], all.cmin[axis], scale)
             bounds_add(&bins[b].bounds, &items[i], bins[b].count == 0)
             bins[b].count += 1
         # Stage 2: sweep from the left, then from the right, costing each plane between bins.
@@ -716,6 +736,7 @@ cdef int64_t split_range(BuildItem *items, int64_t start, int64_t count, const B
                     bounds_merge(&acc, &bins[b].bounds)
                 n_left += bins[b].count
             left_cost[b] = box_cost(acc.box, planar) * n_left if n_left else 0.0
+            left_count[b] = n_left
         best_cost = INFINITY
         n_right = 0
         for b in range(BIN_COUNT - 1, 0, -1):
@@ -728,9 +749,11 @@ cdef int64_t split_range(BuildItem *items, int64_t start, int64_t count, const B
             if n_right == 0 or n_right == count:
                 continue
             cost = left_cost[b - 1] + box_cost(acc.box, planar) * n_right
-            if cost < best_cost:
+            # Equal costs (flat or point-like boxes) go to the more even split.
+            if cost < best_cost or (cost == best_cost and llabs(left_count[b - 1] - n_right) < best_balance):
                 best_cost = cost
                 best_split = b
+                best_balance = llabs(left_count[b - 1] - n_right)
                 right[0] = acc
     if best_split < 0:
         n_left = count // 2
@@ -748,9 +771,7 @@ cdef int64_t split_range(BuildItem *items, int64_t start, int64_t count, const B
             n_left += bins[b].count
     pos = start
     for i in range(start, start + count):
-        b = <int>((items[i].center[axis] - all.cmin[axis]) * scale)
-        if b >= BIN_COUNT:
-            b = BIN_COUNT - 1
+        b = bin_of(items[i].center[axis], all.cmin[axis], scale)
         if b < best_split:
             if i != pos:
                 tmp = items[pos]
@@ -789,7 +810,7 @@ cdef int core_rebuild(TreeCore *t) noexcept nogil:
             fat = t.proxies[p].fat
             memcpy(items[k].box, fat, 6 * sizeof(float))
             for i in range(3):
-                items[k].center[i] = 0.5 * (fat[i] + fat[i + 3])
+                items[k].center[i] = 0.5 * fat[i] + 0.5 * fat[i + 3]
             items[k].ref = ~p
             k += 1
 
