@@ -12,7 +12,7 @@ from dbvt_client.client import (DEFAULT_MAX_PROXIES_PER_WORLD, DEFAULT_MAX_WORLD
                                 world_info)
 from dbvt_client.errors import DbvtError, Unavailable, from_exception, from_rpc_error, from_status_number
 from dbvt_client.results import BatchResult, Hits, RayHits, WorldInfo
-from dbvt_client.transport import CHANNEL_OPTIONS, LocalTransport, local_limits
+from dbvt_client.transport import CHANNEL_OPTIONS, LocalTransport, local_transport
 from dbvt_proto.v1 import broadphase_pb2 as pb
 from dbvt_proto.v1 import broadphase_pb2_grpc as pb_grpc
 
@@ -102,10 +102,7 @@ class AsyncClient:
     @classmethod
     def local(cls, *, max_worlds: int = DEFAULT_MAX_WORLDS,
               max_proxies_per_world: int = DEFAULT_MAX_PROXIES_PER_WORLD) -> "AsyncClient":
-        from dbvt import Broadphase
-
-        local = LocalTransport(local_limits(max_worlds, max_proxies_per_world), Broadphase)
-        return cls("", _transport=_AsyncLocalTransport(local))
+        return cls("", _transport=_AsyncLocalTransport(local_transport(max_worlds, max_proxies_per_world)))
 
     async def __aenter__(self) -> "AsyncClient":
         return self

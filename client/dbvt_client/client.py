@@ -11,7 +11,7 @@ from concurrent.futures import Future
 from dbvt_client import batches, queries
 from dbvt_client.errors import DbvtError, Unavailable, from_status_number
 from dbvt_client.results import BatchResult, Hits, RayHits, WorldInfo
-from dbvt_client.transport import GrpcTransport, LocalTransport, local_limits
+from dbvt_client.transport import GrpcTransport, local_transport
 from dbvt_proto.v1 import broadphase_pb2 as pb
 
 DEFAULT_MAX_WORLDS = 64
@@ -51,9 +51,7 @@ class Client:
     def local(cls, *, max_worlds: int = DEFAULT_MAX_WORLDS,
               max_proxies_per_world: int = DEFAULT_MAX_PROXIES_PER_WORLD) -> "Client":
         """The same API on in-process `dbvt.Broadphase` worlds: no server, no network."""
-        from dbvt import Broadphase
-
-        return cls("", _transport=LocalTransport(local_limits(max_worlds, max_proxies_per_world), Broadphase))
+        return cls("", _transport=local_transport(max_worlds, max_proxies_per_world))
 
     def __enter__(self) -> "Client":
         return self

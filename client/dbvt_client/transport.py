@@ -80,7 +80,12 @@ class LocalTransport:
         """Nothing to release: the worlds go with the client."""
 
 
-def local_limits(max_worlds: int, max_proxies_per_world: int) -> Limits:
+def local_transport(max_worlds: int, max_proxies_per_world: int) -> LocalTransport:
+    """The worlds of `Client.local()`: `dbvt.Broadphase` in this process."""
+    try:
+        from dbvt import Broadphase
+    except ImportError as exc:
+        raise ImportError(f"Client.local() runs the dbvt core in-process; install dbvt-server for it ({exc})") from exc
     # In-process calls carry no messages, so nothing needs splitting.
-    return Limits(max_worlds, max_proxies_per_world, max_message_bytes=2**62)
+    return LocalTransport(Limits(max_worlds, max_proxies_per_world, max_message_bytes=2**62), Broadphase)
 
