@@ -56,6 +56,7 @@ class World:
         destroy ids are checked against the world beforehand whenever an earlier step could already
         have changed it, and ids are distinct across the batch, so nothing after create can fail.
         """
+        # Imported here: worlds only exist where dbvt does, and the SDK must import without it.
         from dbvt import validation
 
         dims, bp = self.dims, self.broadphase
