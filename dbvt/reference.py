@@ -336,7 +336,8 @@ class Tree(_Structure):
 
     def _fatten(self, boxes: np.ndarray) -> np.ndarray:
         grow = np.float32(self._margin)
-        return np.concatenate([boxes[:, :self._dims] - grow, boxes[:, self._dims:] + grow], axis=1)
+        with np.errstate(over="ignore"):  # near float32's limits a fat box may reach infinity: still a bound
+            return np.concatenate([boxes[:, :self._dims] - grow, boxes[:, self._dims:] + grow], axis=1)
 
     def insert(self, ids, boxes) -> None:
         ids = v.as_ids(ids)
