@@ -196,3 +196,22 @@ def test_raw_protocol_errors(server):
         assert replies[1].status_code == 0 and replies[1].result.tick == 1
         assert stub.GetWorldStats(pb.GetWorldStatsRequest(world="raw")).world.proxies == 0
         stub.DeleteWorld(pb.DeleteWorldRequest(name="raw"))
+
+
+def test_staging_a_multi_part_batch_is_bounded(server):
+    """Parts are held until the last one; no more than a world under the server's limits could use."""
+    with grpc.insecure_channel(server.target) as channel:
+        stub = pb_grpc.BroadphaseServiceStub(channel)
+        stub.CreateWorld(pb.CreateWorldRequest(name="staged"))
+
+        def part(sequence: int, **columns) -> pb.StreamBatchesRequest:
+            return pb.StreamBatchesRequest(world="staged", sequence=sequence, more_parts=True, batch=pb.Batch(**columns))
+
+        too_many_ids = part(1, create_ids=np.arange(51, dtype="<u8").tobytes())
+        boxes_only = [part(2, create_boxes=bytes(4000)), part(2, create_boxes=bytes(4000))]
+        replies = list(stub.StreamBatches(iter([too_many_ids, *boxes_only])))
+        assert [r.status_code for r in replies] == [grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]] * 2
+        assert "more than 50 create_ids rows cannot be staged" in replies[0].status_message
+        assert "a batch of more than 4800 bytes cannot be staged" in replies[1].status_message
+        assert stub.GetWorldStats(pb.GetWorldStatsRequest(world="staged")).world.tick == 0
+        stub.DeleteWorld(pb.DeleteWorldRequest(name="staged"))

@@ -86,6 +86,8 @@ REGISTRY_RPCS = {
     "ListWorlds": "list_worlds",
 }
 
+# Generous: creating (41 bytes a row), moving (32) and destroying (8) every proxy of a full 3-D world.
+STAGED_BYTES_PER_PROXY = 96
 _COLUMNS = ("create_ids", "create_boxes", "create_static", "create_group", "create_mask",
             "move_ids", "move_boxes", "destroy_ids")
 
@@ -126,9 +128,16 @@ class BatchStaging:
         for column in ("create_ids", "move_ids", "destroy_ids"):
             rows = sum(len(chunk) for chunk in self._parts.get(column, ())) // wire.IDS.itemsize
             if rows > self._limit:
-                self._key, self._parts = None, {}
-                raise ResourceExhausted(f"a batch with more than {self._limit} {column} rows cannot be staged "
-                                        f"(the server's limit of proxies per world)")
+                self._drop(f"a batch with more than {self._limit} {column} rows cannot be staged "
+                           f"(the server's limit of proxies per world)")
+        staged = sum(len(chunk) for chunks in self._parts.values() for chunk in chunks)
+        if staged > STAGED_BYTES_PER_PROXY * self._limit:
+            self._drop(f"a batch of more than {STAGED_BYTES_PER_PROXY * self._limit} bytes cannot be staged "
+                       f"(more than a world of the server's limit of {self._limit} proxies could need)")
+
+    def _drop(self, message: str) -> None:
+        self._key, self._parts = None, {}
+        raise ResourceExhausted(message)
 
 
 def stream_error(sequence: int, error: DbvtError) -> pb.StreamBatchesResponse:

@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 
 MIB = 1 << 20
+MAX_GRPC_MESSAGE = (1 << 31) - 1
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,9 @@ def parse(argv: list[str] | None = None, environ=os.environ) -> Config:
     try:
         for name in ("max_message_bytes", "max_worlds", "max_proxies_per_world", "workers"):
             _positive(name, getattr(config, name))
+        if config.max_message_bytes > MAX_GRPC_MESSAGE:
+            raise ValueError(f"max_message_bytes must be at most {MAX_GRPC_MESSAGE} (gRPC's limit), "
+                             f"not {config.max_message_bytes}")
         if config.grace_seconds < 0:
             raise ValueError(f"grace_seconds must be >= 0, not {config.grace_seconds}")
         if not 0 <= config.port <= 65535:
