@@ -9,7 +9,7 @@ import threading
 from concurrent.futures import Future
 
 from dbvt_client import batches, queries
-from dbvt_client.errors import DbvtError, Unavailable, from_status_number
+from dbvt_client.errors import DbvtError, Unavailable, from_exception, from_status_number
 from dbvt_client.results import BatchResult, Hits, RayHits, WorldInfo
 from dbvt_client.transport import GrpcTransport, local_transport
 from dbvt_proto.v1 import broadphase_pb2 as pb
@@ -217,6 +217,8 @@ class BatchStream:
                     future.set_result(batches.decode_result(response.result))
         except DbvtError as error:
             failure = error
+        except Exception as exc:
+            failure = from_exception(exc)
         with self._lock:
             self._failure = failure
             while self._pending:
