@@ -30,6 +30,8 @@ def compare_queries(real, ref, world, label, **mask):
                         ref.raycast(segments, first_hit=first_hit, **mask), f"{label} raycast first_hit={first_hit}")
     planes = world.frusta(12)
     assert_same_csr(real.query_frustum(planes, **mask), ref.query_frustum(planes, **mask), f"{label} query_frustum")
+    planes = world.polytopes(4, 32)
+    assert_same_csr(real.query_frustum(planes, **mask), ref.query_frustum(planes, **mask), f"{label} 32 planes")
 
 
 class Membership:

@@ -65,6 +65,15 @@ class W1World:
         return np.stack([view_planes(eye, fwd, self.rng.normal(size=self.dims), far=far)
                          for eye, fwd in zip(eyes, forwards)]).astype(np.float32)
 
+    def polytopes(self, q: int, k: int) -> np.ndarray:
+        """(q, k, dims+1) planes of convex k-DOPs: k random planes tangent to a sphere inside the world."""
+        centers = self.rng.uniform(0.0, self.side, size=(q, 1, self.dims))
+        normals = self.rng.normal(size=(q, k, self.dims))
+        normals /= np.linalg.norm(normals, axis=2, keepdims=True)
+        radius = self.rng.uniform(5.0, 40.0, size=(q, 1))
+        offsets = (normals * centers).sum(axis=2) + radius
+        return np.concatenate([-normals, offsets[..., None]], axis=2).astype(np.float32)
+
 
 def unique_ids(rng: np.random.Generator, n: int) -> np.ndarray:
     ids = np.unique(rng.integers(0, 2**64 - 1, size=n + n // 8 + 16, dtype=np.uint64, endpoint=True))
