@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dbvt.reference import Broadphase as Reference
-from dbvt_client import AsyncClient, BatchResult, Client, Create, InvalidArgument
+from dbvt_client import AsyncClient, BatchResult, Client, Create, InvalidArgument, NotFound
 from servers import ServerThread
 from worlds import W1World, assert_same_csr, assert_same_pairs
 
@@ -182,6 +182,10 @@ def test_async_client_has_the_same_api(mode, server):
             ray = await world.raycast([[0, 0.5, 0.5, 3, 0.5, 0.5]], first_hit=True)
             assert (await client.list_worlds()) == ["async-world"]
             pairs = await world.pairs()
+            with pytest.raises(InvalidArgument, match="destroy_ids row 0: unknown id 999"):
+                await world.apply(destroy=[999])
+            with pytest.raises(NotFound, match="no world named 'elsewhere'"):
+                await client.world("elsewhere").pairs()
             await client.delete_world("async-world")
             return created, [await p for p in pending], moved, (offsets, hits), ray, pairs
 

@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from dbvt_client import Client, DbvtError
+from dbvt_client import Client, DbvtError, Unavailable
 from servers import NEUTRAL_DIR, ServerProcess, server_command
 
 ENVIRONMENT = ["DBVT_HOST", "DBVT_PORT", "DBVT_MAX_MESSAGE_BYTES", "DBVT_MAX_WORLDS", "DBVT_MAX_PROXIES_PER_WORLD",
@@ -84,8 +84,8 @@ def test_sigterm_finishes_batches_in_flight_then_exits_zero():
         server.kill()
 
 
-def test_sigterm_with_an_idle_stream_exits_within_the_grace_period():
-    server = ServerProcess("--grace-seconds", "2")
+def test_sigterm_refuses_new_calls_and_exits_within_the_grace_period():
+    server = ServerProcess("--grace-seconds", "3")
     try:
         client = Client(server.target)
         world = client.create_world("w")
@@ -93,8 +93,13 @@ def test_sigterm_with_an_idle_stream_exits_within_the_grace_period():
         stream.apply()
         started = time.monotonic()
         server.process.send_signal(15)
+        time.sleep(0.5)
+        assert server.process.poll() is None, "the open stream keeps the server in its grace period"
+        with pytest.raises(Unavailable):
+            with Client(server.target, timeout=5) as late:
+                late.list_worlds()
         assert server.wait(30) == 0
-        assert time.monotonic() - started < 2 + 5
+        assert time.monotonic() - started < 3 + 5
         with pytest.raises(DbvtError):
             stream.apply()
         stream.close()
