@@ -1,8 +1,10 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False, cdivision=True
 """`dbvt.Broadphase`: a Tree that remembers which proxies overlap and reports what changed.
 
-Each proxy keeps its own sorted list of partners, so an update() costs one tree query per proxy that
-moved (plus a merge of two short sorted lists), and a destroy touches only that proxy's pairs.
+As in Box2D, each proxy keeps a sorted list of the proxies whose *fat* boxes overlap its own, each
+marked with whether the *tight* boxes touch. Fat boxes only change when a leaf is reinserted, so an
+update() queries the tree only for reinserted proxies; every other moved proxy just re-tests its
+few listed partners' tight boxes. A destroy touches only that proxy's list.
 """
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc, realloc
@@ -15,7 +17,8 @@ import numpy as np
 from dbvt import validation
 
 from dbvt._core cimport (
-    PROXY_LIVE, PROXY_MOVED, PROXY_STATIC, Hits, IdPair, PairBuffer, Query, QUERY_BOX, Stack,
+    PROXY_LIVE, PROXY_MOVED, PROXY_REFAT, PROXY_STATIC, Hits, IdPair, PairBuffer, Query, QUERY_BOX,
+    QUERY_FAT_BOX, Stack,
     TreeCore, core_move, core_remove, core_reserve, hits_free, load_box, pairs_free, pairs_push,
     sort_int32, sort_pairs, stack_free, walk,
 )
@@ -25,10 +28,36 @@ from dbvt._tree cimport TreeBase, pair_array
 _STATE = struct.Struct("<qqq")
 
 
-ctypedef struct Partners:           # one proxy's current pairs: 16 bytes
-    int32_t *items                  # partner proxy indices, ascending
+ctypedef struct Partners:           # one proxy's fat-box partners: 16 bytes
+    int32_t *items                  # (partner proxy << 1) | TOUCHING, ascending by partner
     int32_t count
     int32_t capacity
+
+cdef enum:
+    TOUCHING = 1                    # the tight boxes overlap: the pair exists for the user
+
+
+cdef inline bint boxes_touch(const float *x, const float *y) noexcept nogil:
+    return (x[0] <= y[3] and y[0] <= x[3] and x[1] <= y[4] and y[1] <= x[4]
+            and x[2] <= y[5] and y[2] <= x[5])
+
+
+cdef inline bint tight_overlap(const TreeCore *t, int32_t a, int32_t b) noexcept nogil:
+    return boxes_touch(t.proxies[a].tight, t.proxies[b].tight)
+
+
+cdef inline int32_t *partners_find(const Partners *p, int32_t other) noexcept nogil:
+    """The entry for `other` (binary search), or NULL."""
+    cdef int32_t lo = 0, hi = p.count, mid
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if (p.items[mid] >> 1) < other:
+            lo = mid + 1
+        else:
+            hi = mid
+    if lo < p.count and (p.items[lo] >> 1) == other:
+        return &p.items[lo]
+    return NULL
 
 
 cdef inline bint pair_allowed(const TreeCore *t, const uint32_t *groups, const uint32_t *masks,
@@ -52,25 +81,26 @@ cdef int partners_reserve(Partners *p, int32_t capacity) noexcept nogil:
     return 0
 
 
-cdef int partners_insert(Partners *p, int32_t item) noexcept nogil:
+cdef int partners_insert(Partners *p, int32_t other) noexcept nogil:
+    """Add `other`, not touching, keeping the list sorted."""
     cdef int32_t i
     if p.count == p.capacity and partners_reserve(p, 2 * p.capacity + 1) != 0:
         return -1
     i = p.count
-    while i > 0 and p.items[i - 1] > item:
+    while i > 0 and (p.items[i - 1] >> 1) > other:
         p.items[i] = p.items[i - 1]
         i -= 1
-    p.items[i] = item
+    p.items[i] = other << 1
     p.count += 1
     return 0
 
 
-cdef void partners_erase(Partners *p, int32_t item) noexcept nogil:
-    cdef int32_t i = 0
-    while i < p.count and p.items[i] != item:
-        i += 1
-    if i == p.count:
+cdef void partners_erase(Partners *p, int32_t other) noexcept nogil:
+    cdef int32_t *entry = partners_find(p, other)
+    cdef int32_t i
+    if entry == NULL:
         return
+    i = <int32_t>(entry - p.items)
     p.count -= 1
     while i < p.count:
         p.items[i] = p.items[i + 1]
@@ -212,6 +242,7 @@ cdef class Broadphase(TreeBase):
                 self.masks[proxy] = mask_view[i]
                 if statics[i]:
                     self.core.proxies[proxy].flags |= PROXY_STATIC
+                self.core.proxies[proxy].flags |= PROXY_REFAT
                 self._mark_moved(proxy)
         self._after_change()
 
@@ -227,7 +258,9 @@ cdef class Broadphase(TreeBase):
         with nogil:
             for i in range(n):
                 load_box(&rows[i, 0], self.core.dims, box)
-                reinserted += core_move(&self.core, proxies[i], box)
+                if core_move(&self.core, proxies[i], box):
+                    self.core.proxies[proxies[i]].flags |= PROXY_REFAT
+                    reinserted += 1
                 self._mark_moved(proxies[i])
         self._after_change()
         return reinserted
@@ -240,7 +273,7 @@ cdef class Broadphase(TreeBase):
         cdef int64_t total = 0
         cdef IdPair *grown
         for i in range(n):
-            total += self.partners[proxies[i]].count
+            total += self.partners[proxies[i]].count    # an upper bound on the touching ones
         if self.ended.count + total > self.ended.capacity:
             grown = <IdPair *>realloc(self.ended.pairs, (self.ended.count + total) * sizeof(IdPair))
             if grown == NULL:
@@ -251,9 +284,10 @@ cdef class Broadphase(TreeBase):
             for i in range(n):
                 proxy = proxies[i]
                 for k in range(self.partners[proxy].count):
-                    other = self.partners[proxy].items[k]
+                    other = self.partners[proxy].items[k] >> 1
                     partners_erase(&self.partners[other], proxy)
-                    pairs_push(&self.ended, self.core.proxies[proxy].id, self.core.proxies[other].id)
+                    if self.partners[proxy].items[k] & TOUCHING:
+                        pairs_push(&self.ended, self.core.proxies[proxy].id, self.core.proxies[other].id)
                 self.partners[proxy].count = 0
                 self.groups[proxy] = self.masks[proxy] = 0
                 core_remove(&self.core, proxy)
@@ -279,73 +313,99 @@ cdef class Broadphase(TreeBase):
         return pair_array(&begun), pair_array(&ended)
 
     cdef int _track(self, PairBuffer *begun, PairBuffer *ended) noexcept nogil:
-        """Re-query every moved proxy and merge what it touches now with its partner list."""
-        cdef TreeCore *t = &self.core
-        cdef Query q
+        """Stage 1 refreshes the fat partners of reinserted proxies, stage 2 re-tests the tight
+        boxes of every moved proxy against its partners; the flips are the events."""
+        cdef int64_t m
+        cdef int status = 0
         cdef Stack stack
         cdef Hits hits
-        cdef int64_t m, h, kept
-        cdef int32_t proxy, other, i, j
-        cdef Partners *mine
-        cdef int status = 0
         memset(&stack, 0, sizeof(Stack))
         memset(&hits, 0, sizeof(Hits))
-        q.kind = QUERY_BOX
-        q.groups = NULL
-        q.first_hit = False
-        # Proxy numbers follow the tree's order after a build, so walking the moved proxies in
+        # Proxy numbers follow the tree's order after a build, so taking the moved proxies in
         # that order keeps consecutive queries on the same, cache-warm paths.
         sort_int32(self.moved, self.moved_count)
         for m in range(self.moved_count):
-            proxy = self.moved[m]
-            if (t.proxies[proxy].flags & (PROXY_LIVE | PROXY_MOVED)) != (PROXY_LIVE | PROXY_MOVED):
-                continue        # destroyed since, or listed twice after its slot was reused
-            t.proxies[proxy].flags &= ~PROXY_MOVED
-            # Stage 1: what the proxy touches now, filtered and sorted like its partner list.
-            memcpy(q.box, t.proxies[proxy].tight, sizeof(q.box))
-            hits.count = 0
-            if walk(t, &q, &stack, &hits) != 0:
-                status = -1
-                break
-            kept = 0
-            for h in range(hits.count):
-                other = hits.proxies[h]
-                if other != proxy and pair_allowed(t, self.groups, self.masks, proxy, other):
-                    hits.proxies[kept] = other
-                    kept += 1
-            hits.count = kept
-            sort_int32(hits.proxies, kept)
-            # Stage 2: merge old and new partners; the differences are the events.
-            mine = &self.partners[proxy]
-            i = 0
-            j = 0
-            while status == 0 and (i < mine.count or j < kept):
-                if j == kept or (i < mine.count and mine.items[i] < hits.proxies[j]):
-                    other = mine.items[i]
-                    partners_erase(&self.partners[other], proxy)
-                    status = pairs_push(ended, t.proxies[proxy].id, t.proxies[other].id)
-                    i += 1
-                elif i == mine.count or hits.proxies[j] < mine.items[i]:
-                    other = hits.proxies[j]
-                    status = partners_insert(&self.partners[other], proxy)
-                    if status == 0:
-                        status = pairs_push(begun, t.proxies[proxy].id, t.proxies[other].id)
-                    j += 1
-                else:
-                    i += 1
-                    j += 1
-            # Stage 3: the new list replaces the old.
-            if status != 0 or partners_reserve(mine, <int32_t>kept) != 0:
-                status = -1
-                break
-            if kept:
-                memcpy(mine.items, hits.proxies, kept * sizeof(int32_t))
-            mine.count = <int32_t>kept
-        if status == 0:
-            self.moved_count = 0
+            if status == 0 and self.core.proxies[self.moved[m]].flags & PROXY_REFAT:
+                status = self._refresh_partners(self.moved[m], &stack, &hits, ended)
         stack_free(&stack)
         hits_free(&hits)
+        for m in range(self.moved_count):
+            if status == 0:
+                status = self._retest(self.moved[m], begun, ended)
+        if status == 0:
+            self.moved_count = 0
         return status
+
+    cdef int _refresh_partners(self, int32_t proxy, Stack *stack, Hits *hits, PairBuffer *ended) noexcept nogil:
+        """Replace a reinserted proxy's partner list by the proxies its new fat box overlaps."""
+        cdef TreeCore *t = &self.core
+        cdef Partners *mine = &self.partners[proxy]
+        cdef Query q
+        cdef int64_t h, kept = 0
+        cdef int32_t i = 0, j = 0, other, entry
+        cdef int status = 0
+        if (t.proxies[proxy].flags & PROXY_LIVE) == 0:
+            return 0
+        t.proxies[proxy].flags &= ~PROXY_REFAT
+        q.kind = QUERY_FAT_BOX
+        q.groups = NULL
+        q.first_hit = False
+        memcpy(q.box, t.proxies[proxy].fat, sizeof(q.box))
+        hits.count = 0
+        if walk(t, &q, stack, hits) != 0:
+            return -1
+        for h in range(hits.count):
+            other = hits.proxies[h]
+            if other != proxy and pair_allowed(t, self.groups, self.masks, proxy, other):
+                hits.proxies[kept] = other
+                kept += 1
+        sort_int32(hits.proxies, kept)
+        # Merge old and new lists: the old entries keep their touching bit; partners that left
+        # end their pair if it was touching; new ones start untouched (stage 2 decides).
+        while status == 0 and (i < mine.count or j < kept):
+            if j == kept or (i < mine.count and (mine.items[i] >> 1) < hits.proxies[j]):
+                entry = mine.items[i]
+                partners_erase(&self.partners[entry >> 1], proxy)
+                if entry & TOUCHING:
+                    status = pairs_push(ended, t.proxies[proxy].id, t.proxies[entry >> 1].id)
+                i += 1
+            elif i == mine.count or hits.proxies[j] < (mine.items[i] >> 1):
+                other = hits.proxies[j]
+                status = partners_insert(&self.partners[other], proxy)
+                hits.proxies[j] = other << 1
+                j += 1
+            else:
+                hits.proxies[j] = mine.items[i]
+                i += 1
+                j += 1
+        if status != 0 or partners_reserve(mine, <int32_t>kept) != 0:
+            return -1
+        if kept:
+            memcpy(mine.items, hits.proxies, kept * sizeof(int32_t))
+        mine.count = <int32_t>kept
+        return 0
+
+    cdef int _retest(self, int32_t proxy, PairBuffer *begun, PairBuffer *ended) noexcept nogil:
+        """Compare a moved proxy's tight box with each partner's; flip the bit on both sides."""
+        cdef TreeCore *t = &self.core
+        cdef Partners *mine = &self.partners[proxy]
+        cdef int32_t k, other
+        cdef int32_t *theirs
+        cdef bint now
+        if (t.proxies[proxy].flags & (PROXY_LIVE | PROXY_MOVED)) != (PROXY_LIVE | PROXY_MOVED):
+            return 0        # destroyed since, or listed twice
+        t.proxies[proxy].flags &= ~PROXY_MOVED
+        for k in range(mine.count):
+            other = mine.items[k] >> 1
+            now = tight_overlap(t, proxy, other)
+            if now == (mine.items[k] & TOUCHING):
+                continue
+            mine.items[k] ^= TOUCHING
+            theirs = partners_find(&self.partners[other], proxy)
+            theirs[0] ^= TOUCHING
+            if pairs_push(begun if now else ended, t.proxies[proxy].id, t.proxies[other].id) != 0:
+                return -1
+        return 0
 
     def pairs(self):
         """All current pairs, `(m, 2)` uint64 rows a < b, sorted. Exact even with moves pending."""
@@ -368,12 +428,13 @@ cdef class Broadphase(TreeBase):
         cdef Hits hits
         cdef int status = 0
         if self.moved_count == 0 and self.ended.count == 0:
-            # Nothing changed since update(): the partner lists are the answer.
+            # Nothing changed since update(): the touching partners are the answer.
             for proxy in range(t.proxy_capacity):
                 if t.proxies[proxy].flags & PROXY_LIVE:
                     for k in range(self.partners[proxy].count):
-                        other = self.partners[proxy].items[k]
-                        if other > proxy and pairs_push(out, t.proxies[proxy].id, t.proxies[other].id) != 0:
+                        other = self.partners[proxy].items[k] >> 1
+                        if (self.partners[proxy].items[k] & TOUCHING and other > proxy
+                                and pairs_push(out, t.proxies[proxy].id, t.proxies[other].id) != 0):
                             return -1
             sort_pairs(out.pairs, out.count)
             return 0
@@ -426,12 +487,15 @@ cdef class Broadphase(TreeBase):
 
     def stats(self):
         info = TreeBase.stats(self)
-        cdef int64_t pair_total = 0, partner_bytes = 0
-        cdef int32_t i
+        cdef int64_t touching = 0, listed = 0, partner_bytes = 0
+        cdef int32_t i, k
         for i in range(self.slot_capacity):
-            pair_total += self.partners[i].count
+            listed += self.partners[i].count
             partner_bytes += self.partners[i].capacity * sizeof(int32_t)
-        info["pairs"] = pair_total // 2
+            for k in range(self.partners[i].count):
+                touching += self.partners[i].items[k] & TOUCHING
+        info["pairs"] = touching // 2
+        info["fat_pairs"] = listed // 2
         info["pending_moves"] = self.moved_count
         info["memory_bytes"] += (self.slot_capacity * (2 * sizeof(uint32_t) + sizeof(Partners))
                                  + partner_bytes + self.moved_capacity * sizeof(int32_t)
@@ -439,15 +503,16 @@ cdef class Broadphase(TreeBase):
         return info
 
     def validate(self):
-        """Tree invariants, then the pair lists: sorted, symmetric, between live proxies that may
-        pair, and (with nothing pending) exactly the overlapping pairs."""
+        """Tree invariants, then the partner lists: sorted, symmetric with the same touching bit,
+        between live proxies that may pair; with nothing pending, exactly the pairs of overlapping
+        fat boxes, marked touching exactly where the tight boxes overlap."""
         TreeBase.validate(self)
         cdef TreeCore *t = &self.core
-        cdef int32_t proxy, other, k
+        cdef int32_t proxy, other, k, entry
+        cdef int32_t *theirs
         cdef Partners *mine
-        cdef const float *a
-        cdef const float *b
-        cdef int64_t listed = 0
+        cdef int64_t listed = 0, touching = 0
+        cdef bint settled = self.moved_count == 0 and self.ended.count == 0
         for proxy in range(self.slot_capacity):
             mine = &self.partners[proxy]
             if not (t.proxies[proxy].flags & PROXY_LIVE):
@@ -455,35 +520,53 @@ cdef class Broadphase(TreeBase):
                     raise RuntimeError("dbvt invariant broken: a free proxy has partners")
                 continue
             for k in range(mine.count):
-                other = mine.items[k]
+                entry = mine.items[k]
+                other = entry >> 1
                 if other < 0 or other >= self.slot_capacity or not (t.proxies[other].flags & PROXY_LIVE):
                     raise RuntimeError("dbvt invariant broken: a partner is not a live proxy")
-                if k and mine.items[k - 1] >= other:
+                if k and (mine.items[k - 1] >> 1) >= other:
                     raise RuntimeError("dbvt invariant broken: a partner list is not sorted")
                 if not pair_allowed(t, self.groups, self.masks, proxy, other):
                     raise RuntimeError("dbvt invariant broken: a pair the filter forbids")
-                if not self._lists(other, proxy):
-                    raise RuntimeError("dbvt invariant broken: a pair is listed on one side only")
+                theirs = partners_find(&self.partners[other], proxy)
+                if theirs == NULL or (theirs[0] & TOUCHING) != (entry & TOUCHING):
+                    raise RuntimeError("dbvt invariant broken: a pair is listed differently on its two sides")
+                if settled and (entry & TOUCHING) != tight_overlap(t, proxy, other):
+                    raise RuntimeError("dbvt invariant broken: a touching bit disagrees with the tight boxes")
+                if settled and not boxes_touch(t.proxies[proxy].fat, t.proxies[other].fat):
+                    raise RuntimeError("dbvt invariant broken: listed partners' fat boxes do not overlap")
                 listed += 1
-        if self.moved_count == 0 and self.ended.count == 0:
-            for proxy in range(self.slot_capacity):
+                touching += entry & TOUCHING
+        if settled and listed // 2 != self._count_fat_pairs():
+            raise RuntimeError("dbvt invariant broken: pairs of overlapping fat boxes are missing")
+
+    cdef int64_t _count_fat_pairs(self) except -1:
+        cdef TreeCore *t = &self.core
+        cdef Query q
+        cdef Stack stack
+        cdef Hits hits
+        cdef int32_t proxy
+        cdef int64_t h, count = 0
+        memset(&stack, 0, sizeof(Stack))
+        memset(&hits, 0, sizeof(Hits))
+        q.kind = QUERY_FAT_BOX
+        q.groups = NULL
+        q.first_hit = False
+        try:
+            for proxy in range(t.proxy_capacity):
                 if not (t.proxies[proxy].flags & PROXY_LIVE):
                     continue
-                for k in range(self.partners[proxy].count):
-                    a = t.proxies[proxy].tight
-                    b = t.proxies[self.partners[proxy].items[k]].tight
-                    if not (a[0] <= b[3] and b[0] <= a[3] and a[1] <= b[4] and b[1] <= a[4]
-                            and a[2] <= b[5] and b[2] <= a[5]):
-                        raise RuntimeError("dbvt invariant broken: a listed pair does not overlap")
-            if listed // 2 != len(self.pairs()):
-                raise RuntimeError("dbvt invariant broken: overlapping pairs are missing from the lists")
-
-    cdef bint _lists(self, int32_t proxy, int32_t other):
-        cdef int32_t k
-        for k in range(self.partners[proxy].count):
-            if self.partners[proxy].items[k] == other:
-                return True
-        return False
+                memcpy(q.box, t.proxies[proxy].fat, sizeof(q.box))
+                hits.count = 0
+                if walk(t, &q, &stack, &hits) != 0:
+                    raise MemoryError()
+                for h in range(hits.count):
+                    if hits.proxies[h] > proxy and pair_allowed(t, self.groups, self.masks, proxy, hits.proxies[h]):
+                        count += 1
+        finally:
+            stack_free(&stack)
+            hits_free(&hits)
+        return count
 
     def to_bytes(self):
         """The tree, then per-proxy groups and masks, the partner lists, pending moves and ends."""
@@ -530,7 +613,7 @@ cdef class Broadphase(TreeBase):
             arrays.append(np.frombuffer(view[at:at + size], dtype))
             at += size
         groups, masks, counts, items, moved, ended = arrays
-        if (counts < 0).any() or counts.sum() != total or ((items < 0) | (items >= capacity)).any():
+        if (counts < 0).any() or counts.sum() != total or ((items < 0) | ((items >> 1) >= capacity)).any():
             raise ValueError("corrupt dbvt broadphase data: partner lists out of range")
         if ((moved < 0) | (moved >= capacity)).any():
             raise ValueError("corrupt dbvt broadphase data: moved proxies out of range")

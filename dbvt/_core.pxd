@@ -15,6 +15,8 @@ cdef enum:
     PROXY_MOVED = 2                 # created or moved since the broadphase's last update()
     PROXY_STATIC = 4                # never paired with another static proxy
     PROXY_SEEN = 8                  # scratch: already named earlier in the current batch
+    PROXY_REFAT = 16                # got a new fat box since the broadphase's last update()
+    PROXY_FLAGS = 31                # every bit above
 
 # A tree reference is an int32: >= 0 names an internal node, < 0 a leaf (~proxy index).
 
@@ -49,10 +51,11 @@ cdef enum QueryKind:
     QUERY_SPHERE
     QUERY_RAY
     QUERY_FRUSTUM
+    QUERY_FAT_BOX                   # a box against the leaves' fat boxes
 
 ctypedef struct Query:
     QueryKind kind
-    float box[6]                    # QUERY_BOX: the query box
+    float box[6]                    # QUERY_BOX, QUERY_FAT_BOX: the query box
     double center[3]                # QUERY_SPHERE
     double radius_sq
     double origin[3]                # QUERY_RAY: the segment is origin + t * delta, t in [0, 1]

@@ -1004,12 +1004,15 @@ ctypedef struct RayKind:
     char unused
 ctypedef struct FrustumKind:
     char unused
+ctypedef struct FatBoxKind:         # a box against the leaves' fat boxes: the broadphase's candidates
+    char unused
 
 ctypedef fused Kind:
     BoxKind
     SphereKind
     RayKind
     FrustumKind
+    FatBoxKind
 
 
 cdef inline bint classify_node(const Kind *kind, const Query *q, const float *box, uint32_t *pending) noexcept nogil:
@@ -1017,7 +1020,7 @@ cdef inline bint classify_node(const Kind *kind, const Query *q, const float *bo
     cdef double entry
     cdef uint32_t bits
     cdef int j
-    if Kind is BoxKind:
+    if Kind is BoxKind or Kind is FatBoxKind:
         if not boxes_overlap(q.box, box):
             return False
         if box_contains(q.box, box):
@@ -1045,10 +1048,13 @@ cdef inline bint classify_node(const Kind *kind, const Query *q, const float *bo
         return True
 
 
-cdef inline bint test_leaf(const Kind *kind, const Query *q, const float *tight, uint32_t pending,
+cdef inline bint test_leaf(const Kind *kind, const Query *q, const Proxy *leaf, uint32_t pending,
                            double *fraction) noexcept nogil:
     cdef int j
-    if Kind is BoxKind:
+    cdef const float *tight = leaf.tight
+    if Kind is FatBoxKind:
+        return boxes_overlap(q.box, leaf.fat)
+    elif Kind is BoxKind:
         return boxes_overlap(q.box, tight)
     elif Kind is SphereKind:
         return sphere_gap(q, tight) <= q.radius_sq
@@ -1132,7 +1138,7 @@ cdef int walk_kind(const Kind *kind, const TreeCore *t, Query *q, Stack *stack, 
             if q.groups != NULL and (q.groups[proxy] & q.mask) == 0:
                 continue
             fraction = 0.0
-            if entry.pending == 0 or test_leaf(kind, q, t.proxies[proxy].tight, entry.pending, &fraction):
+            if entry.pending == 0 or test_leaf(kind, q, &t.proxies[proxy], entry.pending, &fraction):
                 if hits_push(hits, proxy, fraction) != 0:
                     return -1
                 if Kind is RayKind:
@@ -1157,6 +1163,8 @@ cdef int walk(const TreeCore *t, Query *q, Stack *stack, Hits *hits) noexcept no
         return walk_kind(<SphereKind *>NULL, t, q, stack, hits)
     if q.kind == QUERY_RAY:
         return walk_kind(<RayKind *>NULL, t, q, stack, hits)
+    if q.kind == QUERY_FAT_BOX:
+        return walk_kind(<FatBoxKind *>NULL, t, q, stack, hits)
     return walk_kind(<FrustumKind *>NULL, t, q, stack, hits)
 
 

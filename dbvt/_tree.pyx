@@ -13,7 +13,7 @@ import numpy as np
 from dbvt import validation
 
 from dbvt._core cimport (
-    NULL_REF, PROXY_LIVE, PROXY_SEEN, Batch, IdPair, Node, PairBuffer, Proxy, Query, TreeCore,
+    NULL_REF, PROXY_FLAGS, PROXY_LIVE, PROXY_SEEN, Batch, IdPair, Node, PairBuffer, Proxy, Query, TreeCore,
     batch_free, core_add, core_area_ratio, core_check, core_find, core_free, core_height, core_init,
     core_insert_leaf, core_memory, core_move, core_rebuild, core_remove, core_renumber_leaves,
     core_reserve, load_box,
@@ -353,17 +353,18 @@ cdef class TreeBase:
         t.proxies = <Proxy *>malloc(proxy_bytes if proxy_bytes else 1)
         if t.nodes == NULL or t.parents == NULL or t.heights == NULL or t.proxies == NULL:
             raise MemoryError()
+        cdef Py_ssize_t parents_at = size + node_capacity * sizeof(Node)
+        cdef Py_ssize_t heights_at = parents_at + node_capacity * sizeof(int32_t)
         if node_bytes:
             memcpy(t.nodes, &data[size], node_capacity * sizeof(Node))
-            memcpy(t.parents, &data[size + node_capacity * sizeof(Node)], node_capacity * sizeof(int32_t))
-            memcpy(t.heights, &data[size + node_capacity * (sizeof(Node) + sizeof(int32_t))],
-                   node_capacity * sizeof(int32_t))
+            memcpy(t.parents, &data[parents_at], node_capacity * sizeof(int32_t))
+            memcpy(t.heights, &data[heights_at], node_capacity * sizeof(int32_t))
         if proxy_bytes:
             memcpy(t.proxies, &data[size + node_bytes], proxy_bytes)
         t.node_capacity, t.node_count, t.free_node = node_capacity, node_count, free_node
         t.proxy_capacity, t.proxy_count, t.free_proxy, t.root = proxy_capacity, proxy_count, free_proxy, root
         for i in range(proxy_capacity):
-            if t.proxies[i].flags & ~0xF:
+            if t.proxies[i].flags & ~PROXY_FLAGS:
                 raise ValueError("corrupt dbvt data: unknown proxy flags")
         while slots < 2 * proxy_count:
             slots *= 2
