@@ -435,8 +435,8 @@ cdef void rotate(TreeCore *t, int32_t a) noexcept nogil:
     cdef int32_t b = t.nodes[a].child[0]
     cdef int32_t c = t.nodes[a].child[1]
     cdef int32_t best_up = NULL_REF, best_down = NULL_REF, best_mid = NULL_REF
-    cdef double best_gain = 0.0
-    cdef int side, k
+    cdef double best_gain = 0.0, worst_gain = 0.0
+    cdef int side, k, slack
     cdef int32_t down, mid, up, keep, height
     cdef double gain
     if t.heights[a] < 2:
@@ -455,17 +455,20 @@ cdef void rotate(TreeCore *t, int32_t a) noexcept nogil:
             if height > t.heights[a]:
                 continue
             gain = box_cost(t.nodes[mid].box, planar) - union_cost(ref_box(t, down), ref_box(t, keep), planar)
+            worst_gain = min(worst_gain, gain)
             if gain > best_gain:
                 best_gain = gain
                 best_up = up
                 best_down = down
                 best_mid = mid
     if best_mid == NULL_REF:
-        # No cheaper shape: still lift the taller grandchild when one side is two levels deeper
-        # (AVL's single rotation), which bounds the height whatever the boxes.
-        if ref_height(t, b) >= ref_height(t, c) + 2:
+        # No cheaper shape. When the costs could not tell the shapes apart (equal or point-like
+        # boxes), balance as AVL does, lifting the taller grandchild once one side is two levels
+        # deeper; otherwise trust the SAH and only undo gross imbalance.
+        slack = 2 if worst_gain == 0.0 else 8
+        if ref_height(t, b) >= ref_height(t, c) + slack:
             best_mid, best_down = b, c
-        elif ref_height(t, c) >= ref_height(t, b) + 2:
+        elif ref_height(t, c) >= ref_height(t, b) + slack:
             best_mid, best_down = c, b
         else:
             return
@@ -1584,3 +1587,4 @@ cdef int64_t core_memory(const TreeCore *t) noexcept nogil:
 
 cdef void core_insert_leaf(TreeCore *t, int32_t proxy) noexcept nogil:
     insert_leaf(t, proxy, t.root)
+
