@@ -48,6 +48,7 @@ def test_world_lifecycle(client):
     stats = flat.stats()
     assert (stats["name"], stats["dims"], stats["margin"], stats["proxies"], stats["tick"]) == ("flat", 2, 0.0, 0, 0)
     assert {"nodes", "height", "area_ratio", "memory_bytes"} <= set(stats)
+    assert isinstance(stats["nodes"], int) and isinstance(stats["area_ratio"], float)
     assert client.world("arena").info().dims == 3
     client.delete_world("arena")
     assert client.list_worlds() == ["flat"]

@@ -126,6 +126,8 @@ def test_world_settings_are_checked(client):
         client.create_world("w")
     with pytest.raises(InvalidArgument, match="dims must be 2 or 3, not 4"):
         client.create_world("x", dims=4)
+    with pytest.raises(InvalidArgument, match="dims=-1"):
+        client.create_world("x", dims=-1)
     with pytest.raises(InvalidArgument, match="margin must be a finite number >= 0"):
         client.create_world("x", margin=-1)
     with pytest.raises(InvalidArgument, match="world name must be 1 to 128 printable characters"):

@@ -9,7 +9,7 @@ import threading
 from concurrent.futures import Future
 
 from dbvt_client import batches, queries
-from dbvt_client.errors import DbvtError, Unavailable, from_exception, from_status_number
+from dbvt_client.errors import DbvtError, InvalidArgument, Unavailable, from_exception, from_status_number
 from dbvt_client.results import BatchResult, Hits, RayHits, WorldInfo
 from dbvt_client.transport import GrpcTransport, local_transport
 from dbvt_proto.v1 import broadphase_pb2 as pb
@@ -24,17 +24,16 @@ def world_info(info: pb.WorldInfo) -> WorldInfo:
 
 
 def create_request(name: str, dims: int, margin: float, max_proxies: int | None) -> pb.CreateWorldRequest:
-    return pb.CreateWorldRequest(name=name, dims=dims, margin=margin, max_proxies=max_proxies or 0)
-
-
-# The core's statistics travel as doubles; these are counts.
-INTEGER_STATS = {"proxies", "nodes", "height", "memory_bytes", "leaves", "free_nodes"}
+    try:
+        return pb.CreateWorldRequest(name=name, dims=dims, margin=margin, max_proxies=max_proxies or 0)
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgument(f"create_world({name!r}, dims={dims!r}, margin={margin!r}, "
+                              f"max_proxies={max_proxies!r}): {exc}") from None
 
 
 def stats_dict(response: pb.GetWorldStatsResponse) -> dict:
-    """The world's description and the core's statistics in one dict."""
-    tree = {key: int(value) if key in INTEGER_STATS else value for key, value in response.tree.items()}
-    return {**tree, **dataclasses.asdict(world_info(response.world))}
+    """The core's statistics and the world's description (which wins where both name a value) in one dict."""
+    return {**response.tree_counts, **response.tree_measures, **dataclasses.asdict(world_info(response.world))}
 
 
 class Client:

@@ -44,9 +44,13 @@ class World:
                             proxies=len(self.broadphase), tick=self.tick)
 
     def stats(self, request: pb.GetWorldStatsRequest) -> pb.GetWorldStatsResponse:
-        numbers = {key: float(value) for key, value in self.broadphase.stats().items()
-                   if isinstance(value, (int, float, np.number)) and not isinstance(value, bool)}
-        return pb.GetWorldStatsResponse(world=self.info(), tree=numbers)
+        counts, measures = {}, {}
+        for key, value in self.broadphase.stats().items():
+            if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+                counts[key] = int(value)
+            elif isinstance(value, (float, np.floating)):
+                measures[key] = float(value)
+        return pb.GetWorldStatsResponse(world=self.info(), tree_counts=counts, tree_measures=measures)
 
     # ---- batches -------------------------------------------------------------------------------
     def apply(self, batch: pb.Batch) -> pb.BatchResult:

@@ -283,10 +283,34 @@ Global___GetWorldStatsRequest: _TypeAlias = GetWorldStatsRequest  # noqa: Y015
 
 @_typing.final
 class GetWorldStatsResponse(_message.Message):
+    """The core's statistics (at least proxies, nodes, height, area_ratio and memory_bytes), integers and
+    real numbers apart so that each keeps its type.
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     @_typing.final
-    class TreeEntry(_message.Message):
+    class TreeCountsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class TreeMeasuresEntry(_message.Message):
         DESCRIPTOR: _descriptor.Descriptor
 
         KEY_FIELD_NUMBER: _builtins.int
@@ -306,22 +330,24 @@ class GetWorldStatsResponse(_message.Message):
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
     WORLD_FIELD_NUMBER: _builtins.int
-    TREE_FIELD_NUMBER: _builtins.int
+    TREE_COUNTS_FIELD_NUMBER: _builtins.int
+    TREE_MEASURES_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def world(self) -> Global___WorldInfo: ...
     @_builtins.property
-    def tree(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
-        """The core's statistics: at least proxies, nodes, height, area_ratio and memory_bytes."""
-
+    def tree_counts(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]: ...
+    @_builtins.property
+    def tree_measures(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]: ...
     def __init__(
         self,
         *,
         world: Global___WorldInfo | None = ...,
-        tree: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        tree_counts: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        tree_measures: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["world", b"world"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["tree", b"tree", "world", b"world"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tree_counts", b"tree_counts", "tree_measures", b"tree_measures", "world", b"world"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
