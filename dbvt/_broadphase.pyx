@@ -250,18 +250,22 @@ cdef class Broadphase(TreeBase):
         """Give proxies new tight boxes; returns how many were reinserted in the tree."""
         id_arr = validation.as_ids(ids)
         cdef const float[:, ::1] rows = validation.as_boxes(boxes, self.core.dims, len(id_arr))
-        cdef int32_t[::1] proxies = self._existing(id_arr)
-        cdef Py_ssize_t n = proxies.shape[0], i
+        proxy_arr = self._existing(id_arr)
+        cdef int32_t[::1] proxies = proxy_arr
+        # In proxy order, which follows the tree's after a build: neighbouring edits share paths.
+        cdef int64_t[::1] order = np.argsort(proxy_arr)
+        cdef Py_ssize_t n = proxies.shape[0], i, row
         cdef int64_t reinserted = 0
         cdef float box[6]
         self._reserve(0, n)
         with nogil:
             for i in range(n):
-                load_box(&rows[i, 0], self.core.dims, box)
-                if core_move(&self.core, proxies[i], box):
-                    self.core.proxies[proxies[i]].flags |= PROXY_REFAT
+                row = order[i]
+                load_box(&rows[row, 0], self.core.dims, box)
+                if core_move(&self.core, proxies[row], box):
+                    self.core.proxies[proxies[row]].flags |= PROXY_REFAT
                     reinserted += 1
-                self._mark_moved(proxies[i])
+                self._mark_moved(proxies[row])
         self._after_change()
         return reinserted
 

@@ -407,14 +407,18 @@ cdef class Tree(TreeBase):
         """Give proxies new tight boxes; returns how many left their fat box and were reinserted."""
         id_arr = validation.as_ids(ids)
         cdef const float[:, ::1] rows = validation.as_boxes(boxes, self.core.dims, len(id_arr))
-        cdef int32_t[::1] proxies = self._existing(id_arr)
-        cdef Py_ssize_t n = proxies.shape[0], i
+        proxy_arr = self._existing(id_arr)
+        cdef int32_t[::1] proxies = proxy_arr
+        # In proxy order, which follows the tree's after a build: neighbouring edits share paths.
+        cdef int64_t[::1] order = np.argsort(proxy_arr)
+        cdef Py_ssize_t n = proxies.shape[0], i, row
         cdef int64_t moved = 0
         cdef float box[6]
         with nogil:
             for i in range(n):
-                load_box(&rows[i, 0], self.core.dims, box)
-                moved += core_move(&self.core, proxies[i], box)
+                row = order[i]
+                load_box(&rows[row, 0], self.core.dims, box)
+                moved += core_move(&self.core, proxies[row], box)
         self._after_change()
         return moved
 
