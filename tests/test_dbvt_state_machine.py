@@ -17,7 +17,9 @@ from dbvt import reference
 from worlds import assert_same_csr, assert_same_pairs
 
 grid = st.integers(-4, 4).map(float)
-coordinate = st.one_of(grid, grid, st.floats(-60, 60, width=32))
+# Now and then a value at float32's limits: fat boxes, unions and costs must survive overflow mid-story.
+limits = st.sampled_from([3.4028235e38, -3.4028235e38, 1e30, -1e30, 1e-45, -1e-45, -0.0])
+coordinate = st.one_of(grid, grid, grid, st.floats(-60, 60, width=32), limits)
 extent = st.one_of(st.just(0.0), st.integers(0, 3).map(float), st.floats(0, 20, width=32))
 new_id = st.one_of(st.integers(0, 40), st.integers(0, 2**64 - 1))
 MACHINE_SETTINGS = settings(max_examples=80, stateful_step_count=40, deadline=None)
