@@ -25,9 +25,11 @@ cdef enum:
     MIN_SLOTS = 16
     SMALL_SPLIT = 16            # ranges this small get an exact SAH sweep instead of bins
 
-# A moved leaf's new fat box also covers this many more steps of the same displacement, so objects
-# moving steadily are reinserted about every other move instead of every move (Box2D's aabbMultiplier).
-cdef float PREDICTION_STEPS = 1.0
+# A reinserted leaf's new fat box also covers this many more moves of the same displacement (Box2D's
+# aabbMultiplier), so steadily moving objects are reinserted every few moves instead of every move.
+# On W1 (10% of proxies move per step, |v| <= 0.5) 3 cuts reinsertions from 52% to 32% of moves and the
+# broadphase step by about 40%, for about 30% more fat-box partners.
+cdef float PREDICTION_STEPS = 3.0
 
 
 
