@@ -124,6 +124,20 @@ class TwinMachine(RuleBasedStateMachine):
                        np.uint64)
         return ids, np.concatenate([low, low + size], axis=1)[: len(ids)]
 
+    @precondition(lambda self: self.present)
+    @rule(data=st.data())
+    def nudge(self, data):
+        """Small moves and growths mostly stay inside the fat boxes: the path where the core reinserts
+        nothing and must still notice every tight overlap that began or ended."""
+        ids, d = self.some_present_ids(data), self.dims
+        steps = st.lists(st.sampled_from([-1.0, -0.25, 0.0, 0.0, 0.25, 0.5]), min_size=len(ids) * d,
+                         max_size=len(ids) * d)
+        shift, grow = rows_of(data.draw(steps), d), np.abs(rows_of(data.draw(steps), d))
+        old = self.ref.get(ids).astype(np.float64)
+        new = np.concatenate([old[:, :d] + shift, old[:, d:] + shift + grow], axis=1).astype(np.float32)
+        self.change(self.real, ids, new)
+        self.change(self.ref, ids, new)
+
     @rule(data=st.data())
     def query_aabb(self, data):
         q = data.draw(boxes(self.dims, data.draw(st.integers(0, 4))))
