@@ -24,8 +24,8 @@ from dbvt._core cimport (
 )
 from dbvt._tree cimport TreeBase, pair_array
 
-# moved count, pending ended count, partner total
-_STATE = struct.Struct("<qqq")
+# pair tracking on, moved count, pending ended count, partner total
+_STATE = struct.Struct("<qqqq")
 
 
 ctypedef struct Partners:           # one proxy's fat-box partners: 16 bytes
@@ -139,6 +139,9 @@ cdef class Broadphase(TreeBase):
 
     A pair exists when the tight boxes overlap (closed intervals), `a.group & b.mask` and
     `b.group & a.mask` are both non-zero, and not both proxies are static.
+
+    With `track_pairs=False` nothing is tracked: moves cost only the tree's work, `update()` reports
+    no changes and `pairs()` is computed on demand. For worlds that are only ever queried.
     """
     cdef uint32_t *groups           # per proxy slot; all three arrays follow core.proxy_capacity
     cdef uint32_t *masks
@@ -148,6 +151,7 @@ cdef class Broadphase(TreeBase):
     cdef int64_t moved_count
     cdef int64_t moved_capacity
     cdef PairBuffer ended           # pairs of destroyed proxies, reported by the next update()
+    cdef readonly bint track_pairs
 
     def __cinit__(self, *args, **kwargs):
         self.groups = NULL
@@ -158,9 +162,10 @@ cdef class Broadphase(TreeBase):
         self.moved_count = self.moved_capacity = 0
         memset(&self.ended, 0, sizeof(PairBuffer))
 
-    def __init__(self, int dims=3, margin=0.05):
+    def __init__(self, int dims=3, margin=0.05, track_pairs=True):
         self.core.dims = validation.check_dims(dims)
         self.core.margin = validation.check_margin(margin)
+        self.track_pairs = bool(track_pairs)
 
     def __dealloc__(self):
         cdef int32_t i
@@ -174,7 +179,9 @@ cdef class Broadphase(TreeBase):
         pairs_free(&self.ended)
 
     def __repr__(self):
-        return f"dbvt.Broadphase(dims={self.core.dims}, margin={self.core.margin!r}) with {len(self)} proxies"
+        tracking = "" if self.track_pairs else ", track_pairs=False"
+        return (f"dbvt.Broadphase(dims={self.core.dims}, margin={self.core.margin!r}{tracking})"
+                f" with {len(self)} proxies")
 
     def __reduce__(self):
         return (type(self).from_bytes, (self.to_bytes(),))
@@ -215,7 +222,11 @@ cdef class Broadphase(TreeBase):
             self.moved_capacity = need
         return 0
 
-    cdef inline void _mark_moved(self, int32_t proxy) noexcept nogil:
+    cdef inline void _mark_moved(self, int32_t proxy, bint refat) noexcept nogil:
+        if not self.track_pairs:
+            return
+        if refat:
+            self.core.proxies[proxy].flags |= PROXY_REFAT
         if not (self.core.proxies[proxy].flags & PROXY_MOVED):
             self.core.proxies[proxy].flags |= PROXY_MOVED
             self.moved[self.moved_count] = proxy
@@ -242,8 +253,7 @@ cdef class Broadphase(TreeBase):
                 self.masks[proxy] = mask_view[i]
                 if statics[i]:
                     self.core.proxies[proxy].flags |= PROXY_STATIC
-                self.core.proxies[proxy].flags |= PROXY_REFAT
-                self._mark_moved(proxy)
+                self._mark_moved(proxy, True)
         self._after_change()
 
     def move(self, ids, boxes):
@@ -256,16 +266,16 @@ cdef class Broadphase(TreeBase):
         cdef int64_t[::1] order = np.argsort(proxy_arr)
         cdef Py_ssize_t n = proxies.shape[0], i, row
         cdef int64_t reinserted = 0
+        cdef bint refat
         cdef float box[6]
         self._reserve(0, n)
         with nogil:
             for i in range(n):
                 row = order[i]
                 load_box(&rows[row, 0], self.core.dims, box)
-                if core_move(&self.core, proxies[row], box):
-                    self.core.proxies[proxies[row]].flags |= PROXY_REFAT
-                    reinserted += 1
-                self._mark_moved(proxies[row])
+                refat = core_move(&self.core, proxies[row], box)
+                reinserted += refat
+                self._mark_moved(proxies[row], refat)
         self._after_change()
         return reinserted
 
@@ -431,7 +441,7 @@ cdef class Broadphase(TreeBase):
         cdef Stack stack
         cdef Hits hits
         cdef int status = 0
-        if self.moved_count == 0 and self.ended.count == 0:
+        if self.track_pairs and self.moved_count == 0 and self.ended.count == 0:
             # Nothing changed since update(): the touching partners are the answer.
             for proxy in range(t.proxy_capacity):
                 if t.proxies[proxy].flags & PROXY_LIVE:
@@ -501,6 +511,7 @@ cdef class Broadphase(TreeBase):
         info["pairs"] = touching // 2
         info["fat_pairs"] = listed // 2
         info["pending_moves"] = self.moved_count
+        info["track_pairs"] = self.track_pairs
         info["memory_bytes"] += (self.slot_capacity * (2 * sizeof(uint32_t) + sizeof(Partners))
                                  + partner_bytes + self.moved_capacity * sizeof(int32_t)
                                  + self.ended.capacity * sizeof(IdPair))
@@ -516,7 +527,7 @@ cdef class Broadphase(TreeBase):
         cdef int32_t *theirs
         cdef Partners *mine
         cdef int64_t listed = 0, touching = 0
-        cdef bint settled = self.moved_count == 0 and self.ended.count == 0
+        cdef bint settled = self.track_pairs and self.moved_count == 0 and self.ended.count == 0
         for proxy in range(self.slot_capacity):
             mine = &self.partners[proxy]
             if not (t.proxies[proxy].flags & PROXY_LIVE):
@@ -578,7 +589,7 @@ cdef class Broadphase(TreeBase):
         cdef int64_t total = 0
         for i in range(self.slot_capacity):
             total += self.partners[i].count
-        parts = [self._tree_bytes(), _STATE.pack(self.moved_count, self.ended.count, total)]
+        parts = [self._tree_bytes(), _STATE.pack(self.track_pairs, self.moved_count, self.ended.count, total)]
         capacity = self.core.proxy_capacity
         groups = np.zeros(capacity, "<u4")
         masks = np.zeros(capacity, "<u4")
@@ -606,7 +617,8 @@ cdef class Broadphase(TreeBase):
         at = bp._load_tree(view)
         if len(view) < at + _STATE.size:
             raise ValueError("data is too short for a dbvt broadphase")
-        moved_count, ended_count, total = _STATE.unpack(bytes(view[at:at + _STATE.size]))
+        track_pairs, moved_count, ended_count, total = _STATE.unpack(bytes(view[at:at + _STATE.size]))
+        bp.track_pairs = bool(track_pairs)
         at += _STATE.size
         capacity = bp.core.proxy_capacity
         sizes = [4 * capacity, 4 * capacity, 4 * capacity, 4 * total, 4 * moved_count, 16 * ended_count]
