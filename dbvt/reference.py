@@ -243,7 +243,8 @@ def _save_arrays(**arrays) -> bytes:
 
 
 class _Structure:
-    """What Tree and Broadphase share: storage of tight boxes by id and the four queries."""
+    """What Tree and Broadphase share: tight boxes by id, the four queries, and fat boxes, which are
+    modelled only to count the reinsertions that `Tree.update` and `Broadphase.move` report."""
 
     _kind = ""
 
@@ -251,7 +252,32 @@ class _Structure:
         self._dims = v.check_dims(dims)
         # The core keeps the margin as a float32; so does this twin, so both fatten by the same amount.
         self._margin = float(np.float32(v.check_margin(margin)))
-        self._proxies = _Proxies({"tight": np.zeros((0, 2 * self._dims), np.float32), **columns})
+        width = 2 * self._dims
+        self._proxies = _Proxies({"tight": np.zeros((0, width), np.float32),
+                                  "fat": np.zeros((0, width), np.float32), **columns})
+
+    def _fatten(self, boxes: np.ndarray) -> np.ndarray:
+        grow = np.float32(self._margin)
+        with np.errstate(over="ignore"):  # near float32's limits a fat box may reach infinity: still a bound
+            return np.concatenate([boxes[:, :self._dims] - grow, boxes[:, self._dims:] + grow], axis=1)
+
+    def _retarget(self, ids, boxes) -> int:
+        """New tight boxes; a row whose box left its fat box gets a new fat box. Returns how many did."""
+        ids = v.as_ids(ids)
+        boxes = v.as_boxes(boxes, self._dims, len(ids))
+        rows = self._proxies.rows_of(ids)
+        columns, d = self._proxies.columns, self._dims
+        fat = columns["fat"][rows]
+        escaped = ~((fat[:, :d] <= boxes[:, :d]) & (boxes[:, d:] <= fat[:, d:])).all(axis=1)
+        columns["tight"][rows] = boxes
+        columns["fat"][rows[escaped]] = self._fatten(boxes[escaped])
+        return int(escaped.sum())
+
+    def validate(self) -> None:
+        self._proxies.check(self._dims)
+        tight, fat, d = self._proxies.columns["tight"], self._proxies.columns["fat"], self._dims
+        if not ((fat[:, :d] <= tight[:, :d]) & (tight[:, d:] <= fat[:, d:])).all():
+            raise RuntimeError("a fat box does not contain its tight box")
 
     @property
     def dims(self) -> int:
@@ -320,24 +346,19 @@ class _Structure:
 
     @classmethod
     def _restore(cls, data: bytes, keys):
-        arrays = _load_arrays(data, cls._kind, ("dims", "margin", "ids", "tight", *keys))
+        arrays = _load_arrays(data, cls._kind, ("dims", "margin", "ids", "tight", "fat", *keys))
         made = cls(dims=int(arrays["dims"]), margin=float(arrays["margin"]))
         made._proxies.load(arrays)
         return made, arrays
 
 
 class Tree(_Structure):
-    """Brute-force `dbvt.Tree`: fat boxes are modelled only to count reinsertions in `update`."""
+    """Brute-force `dbvt.Tree`."""
 
     _kind = "Tree"
 
     def __init__(self, dims: int = 3, margin: float = 0.0):
-        super().__init__(dims, margin, fat=np.zeros((0, 2 * v.check_dims(dims)), np.float32))
-
-    def _fatten(self, boxes: np.ndarray) -> np.ndarray:
-        grow = np.float32(self._margin)
-        with np.errstate(over="ignore"):  # near float32's limits a fat box may reach infinity: still a bound
-            return np.concatenate([boxes[:, :self._dims] - grow, boxes[:, self._dims:] + grow], axis=1)
+        super().__init__(dims, margin)
 
     def insert(self, ids, boxes) -> None:
         ids = v.as_ids(ids)
@@ -346,15 +367,7 @@ class Tree(_Structure):
         self._proxies.add(ids, tight=boxes, fat=self._fatten(boxes))
 
     def update(self, ids, boxes) -> int:
-        ids = v.as_ids(ids)
-        boxes = v.as_boxes(boxes, self._dims, len(ids))
-        rows = self._proxies.rows_of(ids)
-        columns, d = self._proxies.columns, self._dims
-        fat = columns["fat"][rows]
-        escaped = ~((fat[:, :d] <= boxes[:, :d]) & (boxes[:, d:] <= fat[:, d:])).all(axis=1)
-        columns["tight"][rows] = boxes
-        columns["fat"][rows[escaped]] = self._fatten(boxes[escaped])
-        return int(escaped.sum())
+        return self._retarget(ids, boxes)
 
     def remove(self, ids) -> None:
         ids = v.as_ids(ids)
@@ -376,31 +389,39 @@ class Tree(_Structure):
         a, b = overlapping_rows(self._proxies.columns["tight"], self._dims)
         return pair_rows(self._proxies.ids, a, b)
 
-    def validate(self) -> None:
-        self._proxies.check(self._dims)
-        tight, fat, d = self._proxies.columns["tight"], self._proxies.columns["fat"], self._dims
-        if not ((fat[:, :d] <= tight[:, :d]) & (tight[:, d:] <= fat[:, d:])).all():
-            raise RuntimeError("a fat box does not contain its tight box")
-
     def to_bytes(self) -> bytes:
         return self._dump()
 
     @classmethod
     def from_bytes(cls, data) -> "Tree":
-        made = cls._restore(data, ("fat",))[0]
+        made = cls._restore(data, ())[0]
         made.validate()
         return made
 
 
 class Broadphase(_Structure):
-    """Brute-force `dbvt.Broadphase`: `update()` diffs the whole pair set against the previous one."""
+    """Brute-force `dbvt.Broadphase`: `update()` diffs the whole pair set against the previous one.
+    With `track_pairs=False` it reports nothing; `pairs()` is computed on demand either way."""
 
     _kind = "Broadphase"
 
-    def __init__(self, dims: int = 3, margin: float = 0.05):
+    def __init__(self, dims: int = 3, margin: float = 0.05, track_pairs: bool = True):
         super().__init__(dims, margin, static=np.zeros(0, np.uint8), group=np.zeros(0, np.uint32),
                          mask=np.zeros(0, np.uint32))
+        self._track_pairs = bool(track_pairs)
         self._reported = np.zeros((0, 2), np.uint64)
+
+    @property
+    def track_pairs(self) -> bool:
+        return self._track_pairs
+
+    def __repr__(self) -> str:
+        tracking = "" if self._track_pairs else ", track_pairs=False"
+        return (f"dbvt.reference.Broadphase(dims={self._dims}, margin={self._margin!r}{tracking}) "
+                f"with {len(self)} proxies")
+
+    def stats(self) -> dict:
+        return {**super().stats(), "track_pairs": self._track_pairs}
 
     def create(self, ids, boxes, static=False, group=1, mask=v.UINT32_MAX) -> None:
         ids = v.as_ids(ids)
@@ -409,13 +430,10 @@ class Broadphase(_Structure):
         group = v.as_uint32(group, len(ids), "group")
         mask = v.as_uint32(mask, len(ids), "mask")
         self._proxies.check_new(ids)
-        self._proxies.add(ids, tight=boxes, static=static, group=group, mask=mask)
+        self._proxies.add(ids, tight=boxes, fat=self._fatten(boxes), static=static, group=group, mask=mask)
 
-    def move(self, ids, boxes) -> None:
-        ids = v.as_ids(ids)
-        boxes = v.as_boxes(boxes, self._dims, len(ids))
-        rows = self._proxies.rows_of(ids)
-        self._proxies.columns["tight"][rows] = boxes
+    def move(self, ids, boxes) -> int:
+        return self._retarget(ids, boxes)
 
     def destroy(self, ids) -> None:
         ids = v.as_ids(ids)
@@ -430,6 +448,8 @@ class Broadphase(_Structure):
         return pair_rows(self._proxies.ids, a[allowed], b[allowed])
 
     def update(self):
+        if not self._track_pairs:
+            return np.zeros((0, 2), np.uint64), np.zeros((0, 2), np.uint64)
         current = self.pairs()
         now, before = set(map(tuple, current.tolist())), set(map(tuple, self._reported.tolist()))
         self._reported = current
@@ -453,18 +473,19 @@ class Broadphase(_Structure):
         return self._frustum(planes, mask)
 
     def validate(self) -> None:
-        self._proxies.check(self._dims)
+        super().validate()
         reported = self._reported
         if reported.ndim != 2 or reported.shape[1] != 2 or (reported[:, 0] >= reported[:, 1]).any():
             raise RuntimeError("the pair set reported by the last update() is malformed")
 
     def to_bytes(self) -> bytes:
-        return self._dump(reported=self._reported)
+        return self._dump(reported=self._reported, track_pairs=np.array(self._track_pairs))
 
     @classmethod
     def from_bytes(cls, data) -> "Broadphase":
-        made, arrays = cls._restore(data, ("static", "group", "mask", "reported"))
+        made, arrays = cls._restore(data, ("static", "group", "mask", "reported", "track_pairs"))
         made._reported = np.asarray(arrays["reported"], np.uint64).reshape(-1, 2)
+        made._track_pairs = bool(arrays["track_pairs"])
         made.validate()
         return made
 

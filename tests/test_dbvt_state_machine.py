@@ -283,15 +283,21 @@ class TreeMachine(TwinMachine):
 
 
 class BroadphaseMachine(TwinMachine):
-    @initialize(dims=st.sampled_from([2, 3]), margin=st.sampled_from([0.0, 0.05, 2.0]), data=st.data())
-    def create_broadphases(self, dims, margin, data):
-        self.start(dbvt.Broadphase(dims, margin), reference.Broadphase(dims, margin), dims, data)
+    @initialize(dims=st.sampled_from([2, 3]), margin=st.sampled_from([0.0, 0.05, 2.0]),
+                track_pairs=st.sampled_from([True, True, False]), data=st.data())
+    def create_broadphases(self, dims, margin, track_pairs, data):
+        self.start(dbvt.Broadphase(dims, margin, track_pairs), reference.Broadphase(dims, margin, track_pairs),
+                   dims, data)
+
+    @invariant()
+    def same_tracking(self):
+        assert self.real.track_pairs == self.ref.track_pairs
 
     def add(self, bp, ids, boxes):
         bp.create(ids, boxes)
 
     def change(self, bp, ids, boxes):
-        bp.move(ids, boxes)
+        return bp.move(ids, boxes)
 
     def drop(self, bp, ids):
         bp.destroy(ids)
@@ -329,8 +335,9 @@ class BroadphaseMachine(TwinMachine):
     def move(self, data):
         ids = self.some_present_ids(data)
         new = data.draw(boxes(self.dims, len(ids)))
-        self.real.move(ids, new)
+        reinserted = self.real.move(ids, new)
         self.ref.move(ids, new)
+        assert 0 <= reinserted <= len(ids)
 
     @precondition(lambda self: self.present)
     @rule(data=st.data())
