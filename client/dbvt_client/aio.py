@@ -124,8 +124,8 @@ class AsyncClient:
         return self._max_message_bytes
 
     async def create_world(self, name: str, dims: int = 3, margin: float = 0.05, *,
-                           max_proxies: int | None = None) -> "AsyncWorld":
-        await self._transport.unary("CreateWorld", create_request(name, dims, margin, max_proxies))
+                           max_proxies: int | None = None, track_pairs: bool = True) -> "AsyncWorld":
+        await self._transport.unary("CreateWorld", create_request(name, dims, margin, max_proxies, track_pairs))
         return AsyncWorld(self, name)
 
     def world(self, name: str) -> "AsyncWorld":

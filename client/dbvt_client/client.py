@@ -20,15 +20,17 @@ DEFAULT_MAX_PROXIES_PER_WORLD = 10_000_000
 
 def world_info(info: pb.WorldInfo) -> WorldInfo:
     return WorldInfo(name=info.name, dims=info.dims, margin=info.margin, max_proxies=info.max_proxies,
-                     proxies=info.proxies, tick=info.tick)
+                     proxies=info.proxies, tick=info.tick, track_pairs=info.track_pairs)
 
 
-def create_request(name: str, dims: int, margin: float, max_proxies: int | None) -> pb.CreateWorldRequest:
+def create_request(name: str, dims: int, margin: float, max_proxies: int | None,
+                   track_pairs: bool) -> pb.CreateWorldRequest:
     try:
-        return pb.CreateWorldRequest(name=name, dims=dims, margin=margin, max_proxies=max_proxies or 0)
+        return pb.CreateWorldRequest(name=name, dims=dims, margin=margin, max_proxies=max_proxies or 0,
+                                     track_pairs=track_pairs)
     except (TypeError, ValueError) as exc:
         raise InvalidArgument(f"create_world({name!r}, dims={dims!r}, margin={margin!r}, "
-                              f"max_proxies={max_proxies!r}): {exc}") from None
+                              f"max_proxies={max_proxies!r}, track_pairs={track_pairs!r}): {exc}") from None
 
 
 def stats_dict(response: pb.GetWorldStatsResponse) -> dict:
@@ -72,8 +74,10 @@ class Client:
         return self._max_message_bytes
 
     def create_world(self, name: str, dims: int = 3, margin: float = 0.05, *,
-                     max_proxies: int | None = None) -> "World":
-        self._transport.unary("CreateWorld", create_request(name, dims, margin, max_proxies))
+                     max_proxies: int | None = None, track_pairs: bool = True) -> "World":
+        """A new, empty world. `track_pairs=False` makes a query-only world: moves cost only the tree's
+        work, batches report no begun or ended pairs, and `pairs()` is computed when asked."""
+        self._transport.unary("CreateWorld", create_request(name, dims, margin, max_proxies, track_pairs))
         return World(self, name)
 
     def world(self, name: str) -> "World":

@@ -63,9 +63,12 @@ class RayHits(tuple):
 
 @dataclass(frozen=True)
 class WorldInfo:
+    """A world's settings and size. `track_pairs` is False for a query-only world."""
+
     name: str
     dims: int
     margin: float
     max_proxies: int
     proxies: int
     tick: int
+    track_pairs: bool

@@ -60,7 +60,8 @@ class Service:
             raise AlreadyExists(f"a world named {name!r} already exists")
         if len(self._worlds) >= self.limits.max_worlds:
             raise ResourceExhausted(f"the server already holds its limit of {self.limits.max_worlds} worlds")
-        world = World(name, dims, margin, max_proxies, self._broadphase_class)
+        track_pairs = request.track_pairs if request.HasField("track_pairs") else True
+        world = World(name, dims, margin, max_proxies, track_pairs, self._broadphase_class)
         self._worlds[name] = world
         return pb.CreateWorldResponse(world=world.info())
 

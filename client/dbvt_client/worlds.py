@@ -31,17 +31,18 @@ def _renamed(exc: Exception, field: str) -> Exception:
 
 
 class World:
-    def __init__(self, name: str, dims: int, margin: float, max_proxies: int, broadphase_class):
+    def __init__(self, name: str, dims: int, margin: float, max_proxies: int, track_pairs: bool, broadphase_class):
         self.name = name
         self.max_proxies = max_proxies
-        self.broadphase = broadphase_class(dims=dims, margin=margin)
+        self.broadphase = broadphase_class(dims=dims, margin=margin, track_pairs=track_pairs)
         self.dims = int(dims)
         self.margin = float(margin)
+        self.track_pairs = bool(track_pairs)
         self.tick = 0
 
     def info(self) -> pb.WorldInfo:
         return pb.WorldInfo(name=self.name, dims=self.dims, margin=self.margin, max_proxies=self.max_proxies,
-                            proxies=len(self.broadphase), tick=self.tick)
+                            proxies=len(self.broadphase), tick=self.tick, track_pairs=self.track_pairs)
 
     def stats(self, request: pb.GetWorldStatsRequest) -> pb.GetWorldStatsResponse:
         counts, measures = {}, {}

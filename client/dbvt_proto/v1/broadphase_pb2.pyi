@@ -110,6 +110,7 @@ class CreateWorldRequest(_message.Message):
     DIMS_FIELD_NUMBER: _builtins.int
     MARGIN_FIELD_NUMBER: _builtins.int
     MAX_PROXIES_FIELD_NUMBER: _builtins.int
+    TRACK_PAIRS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """1 to 128 printable characters."""
     dims: _builtins.int
@@ -118,6 +119,11 @@ class CreateWorldRequest(_message.Message):
     """Fat-box margin of the tree; unset means 0.05."""
     max_proxies: _builtins.int
     """Limit on the world's proxies; 0 means the server's limit, more than it is refused."""
+    track_pairs: _builtins.bool
+    """Whether the world tracks overlapping pairs; unset means true. A world that is only ever queried
+    can turn it off: its moves then cost only the tree's work, its batches report no begun or ended
+    pairs, and GetPairs computes the pairs when asked.
+    """
     def __init__(
         self,
         *,
@@ -125,14 +131,20 @@ class CreateWorldRequest(_message.Message):
         dims: _builtins.int = ...,
         margin: _builtins.float | None = ...,
         max_proxies: _builtins.int = ...,
+        track_pairs: _builtins.bool | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_margin", b"_margin", "margin", b"margin"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_margin", b"_margin", "_track_pairs", b"_track_pairs", "margin", b"margin", "track_pairs", b"track_pairs"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_margin", b"_margin", "dims", b"dims", "margin", b"margin", "max_proxies", b"max_proxies", "name", b"name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_margin", b"_margin", "_track_pairs", b"_track_pairs", "dims", b"dims", "margin", b"margin", "max_proxies", b"max_proxies", "name", b"name", "track_pairs", b"track_pairs"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__margin: _TypeAlias = _typing.Literal["margin"]  # noqa: Y015
     _WhichOneofArgType__margin: _TypeAlias = _typing.Literal["_margin", b"_margin"]  # noqa: Y015
+    _WhichOneofReturnType__track_pairs: _TypeAlias = _typing.Literal["track_pairs"]  # noqa: Y015
+    _WhichOneofArgType__track_pairs: _TypeAlias = _typing.Literal["_track_pairs", b"_track_pairs"]  # noqa: Y015
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__margin) -> _WhichOneofReturnType__margin | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__track_pairs) -> _WhichOneofReturnType__track_pairs | None: ...
 
 Global___CreateWorldRequest: _TypeAlias = CreateWorldRequest  # noqa: Y015
 
@@ -237,6 +249,7 @@ class WorldInfo(_message.Message):
     MAX_PROXIES_FIELD_NUMBER: _builtins.int
     PROXIES_FIELD_NUMBER: _builtins.int
     TICK_FIELD_NUMBER: _builtins.int
+    TRACK_PAIRS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     dims: _builtins.int
     margin: _builtins.float
@@ -244,6 +257,8 @@ class WorldInfo(_message.Message):
     proxies: _builtins.int
     tick: _builtins.int
     """Number of batches applied so far; 0 for a new world."""
+    track_pairs: _builtins.bool
+    """False for a query-only world (see CreateWorldRequest.track_pairs)."""
     def __init__(
         self,
         *,
@@ -253,10 +268,11 @@ class WorldInfo(_message.Message):
         max_proxies: _builtins.int = ...,
         proxies: _builtins.int = ...,
         tick: _builtins.int = ...,
+        track_pairs: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dims", b"dims", "margin", b"margin", "max_proxies", b"max_proxies", "name", b"name", "proxies", b"proxies", "tick", b"tick"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dims", b"dims", "margin", b"margin", "max_proxies", b"max_proxies", "name", b"name", "proxies", b"proxies", "tick", b"tick", "track_pairs", b"track_pairs"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
