@@ -1474,6 +1474,8 @@ cdef const char *core_check(const TreeCore *t) noexcept nogil:
             for k in range(3):
                 if not (t.proxies[i].tight[k] <= t.proxies[i].tight[k + 3]):
                     return b"a tight box has min > max"
+                if not (-FLT_MAX <= t.proxies[i].fat[k] and t.proxies[i].fat[k + 3] <= FLT_MAX):
+                    return b"a box is not finite"
             if not box_contains(t.proxies[i].fat, t.proxies[i].tight):
                 return b"a fat box does not contain its tight box"
             if core_find(t, t.proxies[i].id) != i:

@@ -329,6 +329,7 @@ cdef class TreeBase:
         cdef int64_t slots = 16
         cdef const char *problem
         cdef int32_t i
+        cdef int64_t live
         if data.shape[0] < size:
             raise ValueError("data is too short for a dbvt header")
         (magic, version, mark, dims, margin, node_capacity, node_count, free_node,
@@ -363,10 +364,13 @@ cdef class TreeBase:
             memcpy(t.proxies, &data[size + node_bytes], proxy_bytes)
         t.node_capacity, t.node_count, t.free_node = node_capacity, node_count, free_node
         t.proxy_capacity, t.proxy_count, t.free_proxy, t.root = proxy_capacity, proxy_count, free_proxy, root
+        live = 0
         for i in range(proxy_capacity):
             if t.proxies[i].flags & ~PROXY_FLAGS:
                 raise ValueError("corrupt dbvt data: unknown proxy flags")
-        while slots < 2 * proxy_count:
+            live += t.proxies[i].flags & PROXY_LIVE
+        # Sized from the flags, not the header's count, which core_check compares afterwards.
+        while slots < 2 * live:
             slots *= 2
         if rehash(t, slots) != 0:
             raise MemoryError()
