@@ -117,11 +117,11 @@ cdef int core_reserve(TreeCore *t, int64_t extra_proxies) noexcept nogil
 cdef int rehash(TreeCore *t, int64_t size) noexcept nogil
 cdef int32_t core_find(const TreeCore *t, uint64_t id) noexcept nogil
 cdef int32_t core_add(TreeCore *t, uint64_t id, const float *tight, bint into_tree) noexcept nogil
-cdef void core_insert_leaf(TreeCore *t, int32_t proxy) noexcept nogil
 cdef void core_remove(TreeCore *t, int32_t proxy) noexcept nogil
 cdef bint core_move(TreeCore *t, int32_t proxy, const float *tight) noexcept nogil
 cdef int core_rebuild(TreeCore *t) noexcept nogil
-cdef int core_renumber_leaves(TreeCore *t, int32_t *indices, int64_t n) noexcept nogil
+cdef int core_bulk_insert(TreeCore *t, const uint64_t *ids, const float *rows, int64_t n,
+                          int32_t *row_proxies) noexcept nogil
 cdef const char *core_check(const TreeCore *t) noexcept nogil
 cdef double core_area_ratio(const TreeCore *t) noexcept nogil
 cdef int32_t core_height(const TreeCore *t) noexcept nogil

@@ -786,40 +786,22 @@ cdef int64_t split_range(BuildItem *items, int64_t start, int64_t count, const B
     return n_left
 
 
-cdef int core_rebuild(TreeCore *t) noexcept nogil:
-    cdef int64_t n = t.proxy_count
+cdef void build_from_items(TreeCore *t, BuildItem *items, BuildTask *tasks, int64_t n,
+                           const uint64_t *ids, const float *rows, int32_t *row_proxies) noexcept nogil:
+    """Build the whole tree top down over `items` (n >= 1; the node pool must hold n - 1 nodes).
+
+    Without `ids`, an item's ref is an existing leaf. With them (a bulk insert into an empty tree),
+    it is a row of `ids`/`rows`, and each leaf gets the next free proxy as the build reaches it, so
+    proxies are numbered in the tree's depth-first order: leaves near each other in the tree are near
+    each other in memory, and walks miss the cache far less."""
     cdef bint planar = t.dims == 2
-    cdef BuildItem *items
-    cdef BuildTask *tasks
     cdef BuildTask task
     cdef Bounds left, right
-    cdef int64_t i, k, n_tasks, n_left
-    cdef int32_t node, p
-    cdef float *fat
-    if n == 0:
-        t.root = NULL_REF
-        return 0
-    if n - 1 > t.node_capacity and grow_nodes(t, n - 1) != 0:
-        return -1
-    items = <BuildItem *>malloc(n * sizeof(BuildItem))
-    tasks = <BuildTask *>malloc(n * sizeof(BuildTask))
-    if items == NULL or tasks == NULL:
-        free(items)
-        free(tasks)
-        return -1
+    cdef int64_t i, n_tasks, n_left, row
+    cdef int32_t node, proxy, next_proxy = 0
+    cdef Proxy *leaf
 
-    # Stage 1: gather the leaves.
-    k = 0
-    for p in range(t.proxy_capacity):
-        if t.proxies[p].flags & PROXY_LIVE:
-            fat = t.proxies[p].fat
-            memcpy(items[k].box, fat, 6 * sizeof(float))
-            for i in range(3):
-                items[k].center[i] = 0.5 * fat[i] + 0.5 * fat[i + 3]
-            items[k].ref = ~p
-            k += 1
-
-    # Stage 2: an empty node pool, free list in index order.
+    # Stage 1: an empty node pool, free list in index order.
     t.free_node = NULL_REF
     i = t.node_capacity - 1
     while i >= 0:
@@ -829,7 +811,7 @@ cdef int core_rebuild(TreeCore *t) noexcept nogil:
         i -= 1
     t.node_count = 0
 
-    # Stage 3: split top down; the left task is taken first, so nodes are numbered depth first.
+    # Stage 2: split top down; the left task is taken first, so nodes are numbered depth first.
     tasks[0].start = 0
     tasks[0].count = n
     tasks[0].parent = NULL_REF
@@ -839,8 +821,19 @@ cdef int core_rebuild(TreeCore *t) noexcept nogil:
     while n_tasks:
         n_tasks -= 1
         task = tasks[n_tasks]
-        if task.count == 1:
+        if task.count == 1 and ids == NULL:
             node = items[task.start].ref
+        elif task.count == 1:
+            row = items[task.start].ref
+            proxy = next_proxy
+            next_proxy += 1
+            leaf = &t.proxies[proxy]
+            load_box(rows + 2 * t.dims * row, t.dims, leaf.tight)
+            memcpy(leaf.fat, items[task.start].box, sizeof(leaf.fat))
+            leaf.id = ids[row]
+            leaf.flags = PROXY_LIVE
+            row_proxies[row] = proxy
+            node = ~proxy
         else:
             node = alloc_node(t)
             memcpy(t.nodes[node].box, task.bounds.box, 6 * sizeof(float))
@@ -862,67 +855,78 @@ cdef int core_rebuild(TreeCore *t) noexcept nogil:
         else:
             t.nodes[task.parent].child[task.slot] = node
 
-    # Stage 4: heights, children before parents (they were numbered after them).
+    # Stage 3: heights, children before parents (they were numbered after them).
     i = t.node_count - 1
     while i >= 0:
         t.heights[i] = 1 + max(ref_height(t, t.nodes[i].child[0]), ref_height(t, t.nodes[i].child[1]))
         i -= 1
+
+
+cdef int core_rebuild(TreeCore *t) noexcept nogil:
+    cdef int64_t n = t.proxy_count, k = 0
+    cdef BuildItem *items
+    cdef BuildTask *tasks
+    cdef int32_t p, i
+    cdef float *fat
+    if n == 0:
+        t.root = NULL_REF
+        return 0
+    if n - 1 > t.node_capacity and grow_nodes(t, n - 1) != 0:
+        return -1
+    items = <BuildItem *>malloc(n * sizeof(BuildItem))
+    tasks = <BuildTask *>malloc(n * sizeof(BuildTask))
+    if items == NULL or tasks == NULL:
+        free(items)
+        free(tasks)
+        return -1
+    for p in range(t.proxy_capacity):
+        if t.proxies[p].flags & PROXY_LIVE:
+            fat = t.proxies[p].fat
+            memcpy(items[k].box, fat, 6 * sizeof(float))
+            for i in range(3):
+                items[k].center[i] = 0.5 * fat[i] + 0.5 * fat[i + 3]
+            items[k].ref = ~p
+            k += 1
+    build_from_items(t, items, tasks, n, NULL, NULL, NULL)
     free(items)
     free(tasks)
     return 0
 
 
-cdef int core_renumber_leaves(TreeCore *t, int32_t *indices, int64_t n) noexcept nogil:
-    """Renumber the proxies in the tree's depth-first order, so that leaves near each other in the
-    tree are near each other in memory (a walk then misses the cache far less), and rewrite
-    `indices` to match. Only for callers that hold no other proxy index, e.g. right after a bulk
-    insert into an empty tree."""
-    cdef Proxy *fresh = <Proxy *>malloc(t.proxy_capacity * sizeof(Proxy))
-    cdef int32_t *new_index = <int32_t *>malloc(t.proxy_capacity * sizeof(int32_t))
-    cdef int32_t *stack = <int32_t *>malloc((t.node_count + 2) * sizeof(int32_t))
-    cdef int64_t top = 0, i
-    cdef int32_t next_slot = 0, ref, parent, old
-    if fresh == NULL or new_index == NULL or stack == NULL:
-        free(fresh); free(new_index); free(stack)
+cdef int core_bulk_insert(TreeCore *t, const uint64_t *ids, const float *rows, int64_t n,
+                          int32_t *row_proxies) noexcept nogil:
+    """Fill an empty tree (core_reserve(n) first) with one binned-SAH build; row_proxies[i] gets
+    row i's proxy. Fails only for memory, before anything changed."""
+    cdef BuildItem *items
+    cdef BuildTask *tasks
+    cdef float tight[6]
+    cdef int64_t i
+    cdef int k
+    items = <BuildItem *>malloc(n * sizeof(BuildItem))
+    tasks = <BuildTask *>malloc(n * sizeof(BuildTask))
+    if items == NULL or tasks == NULL:
+        free(items)
+        free(tasks)
         return -1
-    if t.root != NULL_REF:
-        stack[0] = t.root
-        top = 1
-    while top:
-        top -= 1
-        ref = stack[top]
-        if ref >= 0:
-            stack[top] = t.nodes[ref].child[1]
-            stack[top + 1] = t.nodes[ref].child[0]
-            top += 2
-            continue
-        old = ~ref
-        fresh[next_slot] = t.proxies[old]
-        new_index[old] = next_slot
-        parent = t.proxies[old].parent
-        if parent == NULL_REF:
-            t.root = ~next_slot
-        elif t.nodes[parent].child[0] == ref:
-            t.nodes[parent].child[0] = ~next_slot
-        else:
-            t.nodes[parent].child[1] = ~next_slot
-        next_slot += 1
+    for i in range(n):
+        load_box(rows + 2 * t.dims * i, t.dims, tight)
+        fatten(t, tight, items[i].box)
+        for k in range(3):
+            items[i].center[k] = 0.5 * items[i].box[k] + 0.5 * items[i].box[k + 3]
+        items[i].ref = <int32_t>i
+    build_from_items(t, items, tasks, n, ids, rows, row_proxies)
+    free(items)
+    free(tasks)
+    # The build used proxies 0..n-1; the rest of the pool is free, lowest first.
     t.free_proxy = NULL_REF
     i = t.proxy_capacity - 1
-    while i >= next_slot:
-        fresh[i].flags = 0
-        fresh[i].parent = t.free_proxy
+    while i >= n:
+        t.proxies[i].flags = 0
+        t.proxies[i].parent = t.free_proxy
         t.free_proxy = <int32_t>i
         i -= 1
-    free(t.proxies)
-    t.proxies = fresh
+    t.proxy_count = <int32_t>n
     for i in range(n):
-        indices[i] = new_index[indices[i]]
-    free(new_index)
-    free(stack)
-    for i in range(t.slot_mask + 1):
-        t.slots[i] = -1
-    for i in range(next_slot):
         slot_insert(t, <int32_t>i)
     return 0
 
@@ -1588,7 +1592,4 @@ cdef int64_t core_memory(const TreeCore *t) noexcept nogil:
             + <int64_t>t.proxy_capacity * sizeof(Proxy)
             + (t.slot_mask + 1) * sizeof(int32_t))
 
-
-cdef void core_insert_leaf(TreeCore *t, int32_t proxy) noexcept nogil:
-    insert_leaf(t, proxy, t.root)
 

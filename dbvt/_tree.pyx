@@ -15,7 +15,7 @@ from dbvt import validation
 from dbvt._core cimport (
     NULL_REF, PROXY_FLAGS, PROXY_LIVE, PROXY_SEEN, Batch, IdPair, Node, PairBuffer, Proxy, Query, TreeCore,
     batch_free, core_add, core_area_ratio, core_check, core_find, core_free, core_height, core_init,
-    core_insert_leaf, core_memory, core_move, core_rebuild, core_remove, core_renumber_leaves,
+    core_bulk_insert, core_memory, core_move, core_rebuild, core_remove,
     core_reserve, load_box,
     pairs_free, rehash, run_boxes, run_frusta, run_segments, run_spheres, self_pairs,
 )
@@ -166,17 +166,16 @@ cdef class TreeBase:
             return proxies
         if core_reserve(&self.core, n) != 0:
             raise MemoryError()
+        if bulk:
+            with nogil:
+                status = core_bulk_insert(&self.core, &id_view[0], &rows[0, 0], n, &out[0])
+            if status != 0:
+                raise MemoryError()
+            return proxies
         with nogil:
             for i in range(n):
                 load_box(&rows[i, 0], self.core.dims, box)
-                out[i] = core_add(&self.core, id_view[i], box, not bulk)
-            if bulk and core_rebuild(&self.core) != 0:
-                # No memory for the build: the pools are reserved, so one-by-one insertion can't fail.
-                for i in range(n):
-                    core_insert_leaf(&self.core, out[i])
-            elif bulk:
-                # Only a speed-up: without memory for it the tree is just as valid.
-                core_renumber_leaves(&self.core, &out[0], n)
+                out[i] = core_add(&self.core, id_view[i], box, True)
         return proxies
 
     def get(self, ids):
