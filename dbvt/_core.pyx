@@ -713,6 +713,7 @@ cdef int64_t split_range(BuildItem *items, int64_t start, int64_t count, const B
     cdef double extent, scale, cost, best_cost
     cdef int64_t i, n_left, n_right, pos, best_balance = 0
     cdef int axis, k, b, best_split
+    cdef bint goes_left
     cdef BuildItem tmp
     axis = 0
     for k in range(1, 3):
@@ -774,15 +775,15 @@ cdef int64_t split_range(BuildItem *items, int64_t start, int64_t count, const B
             else:
                 bounds_merge(left, &bins[b].bounds)
             n_left += bins[b].count
+    # Branch-free: which side an item goes is a coin toss to the branch predictor, so every item is
+    # swapped with the first right-side one and the boundary advances only for left-side items.
     pos = start
     for i in range(start, start + count):
-        b = bin_of(items[i].center[axis], all.cmin[axis], scale)
-        if b < best_split:
-            if i != pos:
-                tmp = items[pos]
-                items[pos] = items[i]
-                items[i] = tmp
-            pos += 1
+        goes_left = bin_of(items[i].center[axis], all.cmin[axis], scale) < best_split
+        tmp = items[i]
+        items[i] = items[pos]
+        items[pos] = tmp
+        pos += goes_left
     return n_left
 
 
