@@ -76,7 +76,10 @@ class World:
         mask = wire.decode(batch.create_mask, wire.BITS, (n,), "create_mask") if batch.create_mask else 0xFFFFFFFF
         try:
             validation.as_boxes(create_boxes, dims, n, "create_boxes")
-            validation.as_boxes(move_boxes, dims, len(move_ids), "move_boxes")
+            if n or len(destroy_ids):
+                # A batch of moves alone (the streamed tick) is checked once, by the core, before it
+                # changes anything; beside other operations the boxes are checked before any of them.
+                validation.as_boxes(move_boxes, dims, len(move_ids), "move_boxes")
         except ValueError as exc:
             raise InvalidArgument(str(exc)) from None
         if sum(1 for ids in (create_ids, move_ids, destroy_ids) if len(ids)) > 1:

@@ -105,13 +105,70 @@ class BroadphaseServicer(pb_grpc.BroadphaseServiceServicer):
         return await self._world_rpc("GetPairs", request, context)
 
     async def StreamBatches(self, request_iterator, context):
+        """Answers in order of arrival, while the next batches are already being read and started.
+
+        A reader task takes messages off the stream and starts each complete batch at once: batches on
+        one world still run one at a time, in order, because each queues on the world's lock as it is
+        read. So a client that pipelines its batches keeps the world busy while this task answers and
+        the next message is parsed, instead of the world idling between batches. At most
+        STREAM_READ_AHEAD batches wait for their answers, so a fast writer cannot make the server hold more.
+        """
+        answers: asyncio.Queue = asyncio.Queue()
+        window = asyncio.Semaphore(STREAM_READ_AHEAD)
+        reader = asyncio.create_task(self._start_batches(request_iterator, answers, window))
+        try:
+            while (answer := await answers.get()) is not None:
+                sequence, outcome = answer
+                try:
+                    result = await outcome
+                except Exception as exc:
+                    yield stream_error(sequence, from_exception(exc))
+                else:
+                    yield pb.StreamBatchesResponse(sequence=sequence, result=result)
+                window.release()
+            await reader
+        finally:
+            reader.cancel()
+            await _settle(reader, answers)
+
+    async def _start_batches(self, request_iterator, answers: asyncio.Queue, window: asyncio.Semaphore) -> None:
+        """Each complete batch of the stream, started on its world, queued with its sequence number."""
         staging = BatchStaging(self._service.limits)
-        async for request in request_iterator:
-            try:
-                batch = staging.add(request)
-                if batch is None:
+        try:
+            async for request in request_iterator:
+                try:
+                    batch = staging.add(request)
+                except Exception as exc:
+                    await window.acquire()
+                    answers.put_nowait((request.sequence, _failed(exc)))
                     continue
-                result = await self._on_world(self._service.world(request.world), World.apply, batch)
-                yield pb.StreamBatchesResponse(sequence=request.sequence, result=result)
-            except Exception as exc:
-                yield stream_error(request.sequence, from_exception(exc))
+                if batch is not None:
+                    await window.acquire()
+                    started = asyncio.ensure_future(self._apply_streamed(request.world, batch))
+                    answers.put_nowait((request.sequence, started))
+        finally:
+            answers.put_nowait(None)
+
+    async def _apply_streamed(self, name: str, batch: pb.Batch) -> pb.BatchResult:
+        return await self._on_world(self._service.world(name), World.apply, batch)
+
+
+# Batches of one stream started before the oldest of them has been answered.
+STREAM_READ_AHEAD = 4
+
+
+def _failed(exc: Exception) -> asyncio.Future:
+    failed = asyncio.get_running_loop().create_future()
+    failed.set_exception(exc)
+    return failed
+
+
+async def _settle(reader: asyncio.Task, answers: asyncio.Queue) -> None:
+    """After a stream ends early (client gone, shutdown): let batches already started finish, so that no
+    world is left half-way through one, and drop their answers."""
+    pending = [reader]
+    while not answers.empty():
+        answer = answers.get_nowait()
+        if answer is not None:
+            pending.append(answer[1])
+    await asyncio.gather(*pending, return_exceptions=True)
