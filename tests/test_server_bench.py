@@ -32,8 +32,13 @@ def test_bench_on_a_w1_directory(tmp_path, capsys):
     assert bench.main([str(tmp_path), "--steps", "4", "--repeats", "1"]) == 0
     out = capsys.readouterr()
     assert "N=3000, 4 steps of 300 moves" in out.out
-    for figure in ("streamed step", "move-only ingest", "10k box queries", "2 worlds at once"):
+    for figure in ("streamed step", "move-only ingest, pair-tracking", "move-only ingest, query-only",
+                   "10k box queries", "10k-query calls/s, server", "10k-query calls/s, in-process",
+                   "W1 steps/s, streamed, server", "W1 steps/s, streamed, in-process"):
         assert figure in out.out
+    # The bench started the server itself, so it knows its process and shows the cores it used.
+    server_lines = [line for line in out.out.splitlines() if ", server " in line]
+    assert len(server_lines) == 2 and not any("n/a" in line for line in server_lines)
     assert "pair counts after every step match the oracle's expected.json" in out.out
     assert "4/4" in out.err, "the progress bar"
 

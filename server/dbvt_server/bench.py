@@ -1,11 +1,13 @@
 """dbvt-bench: W1 streamed through a dbvt-server, against the in-process dbvt.Broadphase on the same data.
 
-    dbvt-bench [W1_DIR] [--target HOST:PORT] [--repeats 3]
+    dbvt-bench [W1_DIR] [--target HOST:PORT [--server-pid PID]] [--repeats 3]
 
 W1_DIR is a directory made by the shared W1 workload script (boxes.f32, moves_ids.u32, moves_box.f32,
 q_aabb.f32, meta.json; expected.json, if present, is checked); without one a W1-like world of --n
 proxies is generated here. Without --target a server is started as a child process. Figures are
 medians of --repeats runs; the server and this client are separate processes talking over loopback.
+Move-only ingest streams every step's moves again, pipelined, to a pair-tracking world and to a
+query-only one (track_pairs=False). The two-busy-worlds figures are described in dbvt_server.bench_parallel.
 """
 from __future__ import annotations
 
@@ -17,12 +19,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 import numpy as np
 
 from dbvt_client import Client
+from dbvt_server import bench_parallel
 
 LISTENING = re.compile(r"listening on \S+:(\d+)")
 
@@ -100,12 +102,25 @@ def start_server() -> tuple[subprocess.Popen, str]:
     raise SystemExit("dbvt-server did not start")
 
 
+def _fresh_world(client: Client, name: str, track_pairs: bool = True):
+    if name in client.list_worlds():
+        client.delete_world(name)
+    return client.create_world(name, dims=3, margin=0.05, track_pairs=track_pairs)
+
+
+def pipelined_ingest(stream, work: Workload) -> float:
+    """Seconds to send every step's moves, pipelined, and collect the answers at the end."""
+    started = time.perf_counter()
+    pending = [stream.submit(move=(work.move_ids[step], work.move_boxes[step])) for step in range(work.steps)]
+    for future in pending:
+        future.result()
+    return time.perf_counter() - started
+
+
 def wire_run(client: Client, work: Workload, progress: Progress) -> dict:
     """One pass over the workload through the server: creation, streamed steps, queries, ingest."""
     name = "dbvt-bench"
-    if name in client.list_worlds():
-        client.delete_world(name)
-    world = client.create_world(name, dims=3, margin=0.05)
+    world = _fresh_world(client, name)
     started = time.perf_counter()
     pairs = len(world.apply(create=(work.ids, work.boxes)).begun)
     create_seconds = time.perf_counter() - started
@@ -118,18 +133,18 @@ def wire_run(client: Client, work: Workload, progress: Progress) -> dict:
             pairs += len(result.begun) - len(result.ended)
             pair_counts.append(pairs)
             progress.advance()
-        # Move-only ingest: every step's moves again, pipelined, answers collected at the end.
-        started = time.perf_counter()
-        pending = [stream.submit(move=(work.move_ids[step], work.move_boxes[step])) for step in range(work.steps)]
-        for future in pending:
-            future.result()
-        ingest_seconds = time.perf_counter() - started
+        ingest_seconds = pipelined_ingest(stream, work)
     started = time.perf_counter()
     world.query_aabb(work.queries)
     query_seconds = time.perf_counter() - started
     client.delete_world(name)
+    quiet = _fresh_world(client, name + "-query-only", track_pairs=False)
+    quiet.apply(create=(work.ids, work.boxes))
+    with quiet.stream() as stream:
+        quiet_ingest_seconds = pipelined_ingest(stream, work)
+    client.delete_world(quiet.name)
     return dict(create=create_seconds, step=statistics.median(step_seconds), ingest=ingest_seconds,
-                query=query_seconds, pair_counts=pair_counts)
+                quiet_ingest=quiet_ingest_seconds, query=query_seconds, pair_counts=pair_counts)
 
 
 def local_run(work: Workload, progress: Progress) -> dict:
@@ -148,58 +163,35 @@ def local_run(work: Workload, progress: Progress) -> dict:
         broadphase.update()
         step_seconds.append(time.perf_counter() - started)
         progress.advance()
+    ingest_seconds = local_ingest(broadphase, work)
+    started = time.perf_counter()
+    broadphase.query_aabb(work.queries)
+    query_seconds = time.perf_counter() - started
+    quiet = Broadphase(dims=3, margin=0.05, track_pairs=False)
+    quiet.create(work.ids, work.boxes)
+    quiet.update()
+    return dict(create=create_seconds, step=statistics.median(step_seconds), ingest=ingest_seconds,
+                quiet_ingest=local_ingest(quiet, work), query=query_seconds)
+
+
+def local_ingest(broadphase, work: Workload) -> float:
+    """The calls a server makes for the ingest's batches."""
     started = time.perf_counter()
     for step in range(work.steps):
         broadphase.move(work.move_ids[step], work.move_boxes[step])
         broadphase.update()
-    ingest_seconds = time.perf_counter() - started
-    started = time.perf_counter()
-    broadphase.query_aabb(work.queries)
-    query_seconds = time.perf_counter() - started
-    return dict(create=create_seconds, step=statistics.median(step_seconds), ingest=ingest_seconds,
-                query=query_seconds)
-
-
-def parallel_worlds(target: str, work: Workload, calls: int = 6) -> tuple[float, float]:
-    """Query calls per second on one busy world, and on two busy worlds at once (one client each)."""
-    with Client(target) as client:
-        for name in ("parallel-a", "parallel-b"):
-            if name in client.list_worlds():
-                client.delete_world(name)
-            client.create_world(name).apply(create=(work.ids, work.boxes))
-
-    def hammer(name: str) -> None:
-        with Client(target) as client:
-            world = client.world(name)
-            for _ in range(calls):
-                world.query_aabb(work.queries)
-
-    started = time.perf_counter()
-    hammer("parallel-a")
-    one = calls / (time.perf_counter() - started)
-    threads = [threading.Thread(target=hammer, args=(name,)) for name in ("parallel-a", "parallel-b")]
-    started = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    two = 2 * calls / (time.perf_counter() - started)
-    with Client(target) as client:
-        client.delete_world("parallel-a")
-        client.delete_world("parallel-b")
-    return one, two
+    return time.perf_counter() - started
 
 
 def median_of(runs: list[dict], key: str) -> float:
     return statistics.median(run[key] for run in runs)
 
 
-def report(work: Workload, wire: list[dict], local: list[dict], parallel: list[tuple[float, float]]) -> list[str]:
+def report(work: Workload, wire: list[dict], local: list[dict]) -> list[str]:
     n, moves = len(work.ids), work.move_ids.shape[1]
     total_moves = moves * work.steps
     step_wire, step_local = median_of(wire, "step"), median_of(local, "step")
     query_wire, query_local = median_of(wire, "query"), median_of(local, "query")
-    ingest_wire, ingest_local = median_of(wire, "ingest"), median_of(local, "ingest")
     lines = [
         f"W1: N={n}, {work.steps} steps of {moves} moves, {len(work.queries)} box queries; "
         f"medians of {len(wire)} runs",
@@ -208,14 +200,13 @@ def report(work: Workload, wire: list[dict], local: list[dict], parallel: list[t
         f"{median_of(wire, 'create') / median_of(local, 'create'):8.2f}",
         f"{'streamed step (moves + pairs), ms':34}{step_wire * 1e3:16.2f}{step_local * 1e3:14.2f}"
         f"{step_wire / step_local:8.2f}  <= 1.5x",
-        f"{'move-only ingest, M moves/s':34}{total_moves / ingest_wire / 1e6:16.2f}"
-        f"{total_moves / ingest_local / 1e6:14.2f}{ingest_wire / ingest_local:8.2f}  >= 3 M/s",
-        f"{'10k box queries in one call, ms':34}{query_wire * 1e3:16.2f}{query_local * 1e3:14.2f}"
-        f"{query_wire / query_local:8.2f}  <= 1.5x",
     ]
-    one, two = (statistics.median(rates) for rates in zip(*parallel))
-    lines.append(f"{'10k-query calls/s, 1 world':34}{one:16.2f}")
-    lines.append(f"{'10k-query calls/s, 2 worlds at once':34}{two:16.2f}{'':14}{two / one:8.2f}  >= 1.6x")
+    for key, kind in (("ingest", "pair-tracking"), ("quiet_ingest", "query-only")):
+        ingest_wire, ingest_local = median_of(wire, key), median_of(local, key)
+        lines.append(f"{f'move-only ingest, {kind}, M/s':34}{total_moves / ingest_wire / 1e6:16.2f}"
+                     f"{total_moves / ingest_local / 1e6:14.2f}{ingest_wire / ingest_local:8.2f}  >= 3 M/s")
+    lines.append(f"{'10k box queries in one call, ms':34}{query_wire * 1e3:16.2f}{query_local * 1e3:14.2f}"
+                 f"{query_wire / query_local:8.2f}  <= 1.5x")
     if work.expected is not None:
         expected = work.expected["pairs_per_step"][:work.steps]
         same = all(run["pair_counts"] == expected for run in wire)
@@ -228,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("w1_dir", nargs="?", type=pathlib.Path, help="a W1 directory (default: generate one)")
     parser.add_argument("--target", help="HOST:PORT of a running dbvt-server (default: start one)")
+    parser.add_argument("--server-pid", type=int,
+                        help="process id of the --target server, if on this machine: its CPU use is then shown")
     parser.add_argument("--n", type=int, default=100_000, help="proxies of the generated world [100000]")
     parser.add_argument("--steps", type=int, default=30, help="steps to run (at most the directory's) [30]")
     parser.add_argument("--repeats", type=int, default=3, help="runs of each side; medians are reported [3]")
@@ -238,18 +231,21 @@ def main(argv: list[str] | None = None) -> int:
     else:
         work = Workload.generate(args.n, args.steps)
     process, target = (None, args.target) if args.target else start_server()
+    server_pid = args.server_pid if process is None else process.pid
     try:
         with Client(target) as client:
-            wire, local, parallel = [], [], []
+            wire, local = [], []
             for run in range(args.repeats):
                 wire.append(wire_run(client, work, Progress(f"server run {run + 1}/{args.repeats}", work.steps)))
                 local.append(local_run(work, Progress(f"in-process run {run + 1}/{args.repeats}", work.steps)))
-                parallel.append(parallel_worlds(target, work))
+            sys.stderr.write("two busy worlds...\n")
+            parallel_wire = bench_parallel.over_the_wire(client, target, work, server_pid, args.repeats)
+        parallel_local = bench_parallel.in_process(work, args.repeats)
     finally:
         if process is not None:
             process.terminate()
             process.wait(30)
-    print("\n".join(report(work, wire, local, parallel)))
+    print("\n".join(report(work, wire, local) + bench_parallel.report(parallel_wire, parallel_local)))
     return 0
 
 
