@@ -6,8 +6,8 @@ marked with whether the *tight* boxes touch. Fat boxes only change when a leaf i
 update() queries the tree only for reinserted proxies; every other moved proxy just re-tests its
 few listed partners' tight boxes. A destroy touches only that proxy's list.
 """
-from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
-from libc.stdlib cimport free, malloc, realloc
+from libc.stdint cimport int32_t, int64_t, uint32_t
+from libc.stdlib cimport free, realloc
 from libc.string cimport memcpy, memset
 
 import struct
@@ -16,11 +16,10 @@ import numpy as np
 
 from dbvt import validation
 
+from dbvt._batch cimport pairs_free, pairs_push, sort_int32, sort_pairs
 from dbvt._core cimport (
-    PROXY_LIVE, PROXY_MOVED, PROXY_REFAT, PROXY_STATIC, Hits, IdPair, PairBuffer, Query, QUERY_BOX,
-    QUERY_FAT_BOX, Stack,
-    TreeCore, core_move, core_remove, core_reserve, hits_free, load_box, pairs_free, pairs_push,
-    sort_int32, sort_pairs, stack_free, walk,
+    PROXY_LIVE, PROXY_MOVED, PROXY_REFAT, PROXY_STATIC, QUERY_BOX, QUERY_FAT_BOX, Hits, IdPair, PairBuffer,
+    Query, Stack, TreeCore, core_move, core_remove, core_reserve, hits_free, load_box, stack_free, walk,
 )
 from dbvt._tree cimport TreeBase, pair_array
 

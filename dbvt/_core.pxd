@@ -132,18 +132,3 @@ cdef int walk(const TreeCore *t, Query *q, Stack *stack, Hits *hits) noexcept no
 cdef int hits_push(Hits *hits, int32_t proxy, double fraction) noexcept nogil
 cdef void stack_free(Stack *stack) noexcept nogil
 cdef void hits_free(Hits *hits) noexcept nogil
-cdef void sort_int32(int32_t *items, int64_t n) noexcept nogil
-cdef void sort_pairs(IdPair *pairs, int64_t n) noexcept nogil
-cdef int pairs_push(PairBuffer *buffer, uint64_t a, uint64_t b) noexcept nogil
-cdef void pairs_free(PairBuffer *buffer) noexcept nogil
-
-cdef void batch_free(Batch *b) noexcept nogil
-cdef int run_boxes(const TreeCore *t, Query *q, const float *rows, int64_t n,
-                   int64_t *offsets, Batch *b) noexcept nogil
-cdef int run_spheres(const TreeCore *t, Query *q, const float *centers, const float *radii,
-                     int64_t n, int64_t *offsets, Batch *b) noexcept nogil
-cdef int run_segments(const TreeCore *t, Query *q, const float *rows, int64_t n,
-                      int64_t *offsets, Batch *b) noexcept nogil
-cdef int run_frusta(const TreeCore *t, Query *q, const float *planes, int64_t n, int32_t k,
-                    int64_t *offsets, Batch *b) noexcept nogil
-cdef int self_pairs(const TreeCore *t, PairBuffer *out) noexcept nogil

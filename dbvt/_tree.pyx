@@ -6,18 +6,16 @@ from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcpy, memset
 
 import struct
-import sys
 
 import numpy as np
 
 from dbvt import validation
 
+from dbvt._batch cimport batch_free, pairs_free, run_boxes, run_frusta, run_segments, run_spheres, self_pairs
 from dbvt._core cimport (
-    NULL_REF, PROXY_FLAGS, PROXY_LIVE, PROXY_SEEN, Batch, IdPair, Node, PairBuffer, Proxy, Query, TreeCore,
-    batch_free, core_add, core_area_ratio, core_check, core_find, core_free, core_height, core_init,
-    core_bulk_insert, core_memory, core_move, core_rebuild, core_remove,
-    core_reserve, load_box,
-    pairs_free, rehash, run_boxes, run_frusta, run_segments, run_spheres, self_pairs,
+    PROXY_FLAGS, PROXY_LIVE, PROXY_SEEN, Batch, IdPair, Node, PairBuffer, Proxy, Query, TreeCore,
+    core_add, core_area_ratio, core_bulk_insert, core_check, core_find, core_free, core_height, core_init,
+    core_memory, core_move, core_rebuild, core_remove, core_reserve, load_box, rehash,
 )
 
 cdef extern from *:

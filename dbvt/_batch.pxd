@@ -1,0 +1,21 @@
+# Batches of queries into CSR output, and the sorting shared with the broadphase. Functions
+# returning `int` return 0, or -1 when memory ran out (the caller raises MemoryError).
+from libc.stdint cimport int32_t, int64_t, uint64_t
+
+from dbvt._core cimport Batch, IdPair, PairBuffer, Query, TreeCore
+
+
+cdef void sort_int32(int32_t *items, int64_t n) noexcept nogil
+cdef void sort_pairs(IdPair *pairs, int64_t n) noexcept nogil
+cdef int pairs_push(PairBuffer *buffer, uint64_t a, uint64_t b) noexcept nogil
+cdef void pairs_free(PairBuffer *buffer) noexcept nogil
+cdef void batch_free(Batch *b) noexcept nogil
+cdef int run_boxes(const TreeCore *t, Query *q, const float *rows, int64_t n,
+                   int64_t *offsets, Batch *b) noexcept nogil
+cdef int run_spheres(const TreeCore *t, Query *q, const float *centers, const float *radii,
+                     int64_t n, int64_t *offsets, Batch *b) noexcept nogil
+cdef int run_segments(const TreeCore *t, Query *q, const float *rows, int64_t n,
+                      int64_t *offsets, Batch *b) noexcept nogil
+cdef int run_frusta(const TreeCore *t, Query *q, const float *planes, int64_t n, int32_t k,
+                    int64_t *offsets, Batch *b) noexcept nogil
+cdef int self_pairs(const TreeCore *t, PairBuffer *out) noexcept nogil

@@ -1,0 +1,293 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False, cdivision=True
+"""Batches of queries: one walk per query, its hits sorted into the order the API promises and
+appended to one growing CSR output; and the sorting they share with the broadphase."""
+from libc.math cimport INFINITY
+from libc.stdint cimport int32_t, int64_t, uint64_t
+from libc.stdlib cimport free, realloc
+from libc.string cimport memcpy
+
+from dbvt._core cimport (
+    PROXY_LIVE, QUERY_BOX, QUERY_FRUSTUM, QUERY_RAY, QUERY_SPHERE, Batch, Hits, IdPair, PairBuffer, Query,
+    RayHit, Stack, TreeCore, hits_free, load_box, stack_free, walk,
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sorting the results: ids ascending, ray hits by (fraction, id), pairs lexicographically.
+
+ctypedef fused Sortable:
+    int32_t
+    uint64_t
+    RayHit
+    IdPair
+
+
+cdef inline bint before(const Sortable *x, const Sortable *y) noexcept nogil:
+    if Sortable is RayHit:
+        return x.fraction < y.fraction or (x.fraction == y.fraction and x.id < y.id)
+    elif Sortable is IdPair:
+        return x.a < y.a or (x.a == y.a and x.b < y.b)
+    else:
+        return x[0] < y[0]
+
+
+cdef void sort_items(Sortable *items, int64_t n) noexcept nogil:
+    """Quicksort (median-of-three Hoare partition, recursing into the smaller side) finished by
+    insertion sort; results are usually short and often nearly sorted."""
+    cdef int64_t lo = 0, hi = n, i, j, mid
+    cdef Sortable pivot, tmp
+    while hi - lo > 16:
+        mid = lo + (hi - lo - 1) // 2
+        if before(&items[mid], &items[lo]):
+            items[mid], items[lo] = items[lo], items[mid]
+        if before(&items[hi - 1], &items[mid]):
+            items[mid], items[hi - 1] = items[hi - 1], items[mid]
+            if before(&items[mid], &items[lo]):
+                items[mid], items[lo] = items[lo], items[mid]
+        pivot = items[mid]
+        i = lo - 1
+        j = hi
+        while True:
+            i += 1
+            while before(&items[i], &pivot):
+                i += 1
+            j -= 1
+            while before(&pivot, &items[j]):
+                j -= 1
+            if i >= j:
+                break
+            items[i], items[j] = items[j], items[i]
+        if j + 1 - lo < hi - (j + 1):
+            sort_items(items + lo, j + 1 - lo)
+            lo = j + 1
+        else:
+            sort_items(items + j + 1, hi - (j + 1))
+            hi = j + 1
+    for i in range(lo + 1, hi):
+        tmp = items[i]
+        j = i - 1
+        while j >= lo and before(&tmp, &items[j]):
+            items[j + 1] = items[j]
+            j -= 1
+        items[j + 1] = tmp
+
+
+cdef void sort_int32(int32_t *items, int64_t n) noexcept nogil:
+    sort_items(items, n)
+
+
+cdef void sort_pairs(IdPair *pairs, int64_t n) noexcept nogil:
+    sort_items(pairs, n)
+
+
+cdef int pairs_push(PairBuffer *buffer, uint64_t a, uint64_t b) noexcept nogil:
+    cdef int64_t capacity
+    cdef IdPair *pairs
+    if buffer.count == buffer.capacity:
+        capacity = 2 * buffer.capacity if buffer.capacity else 256
+        pairs = <IdPair *>realloc(buffer.pairs, capacity * sizeof(IdPair))
+        if pairs == NULL:
+            return -1
+        buffer.pairs = pairs
+        buffer.capacity = capacity
+    if a < b:
+        buffer.pairs[buffer.count].a = a
+        buffer.pairs[buffer.count].b = b
+    else:
+        buffer.pairs[buffer.count].a = b
+        buffer.pairs[buffer.count].b = a
+    buffer.count += 1
+    return 0
+
+
+cdef void pairs_free(PairBuffer *buffer) noexcept nogil:
+    free(buffer.pairs)
+    buffer.pairs = NULL
+    buffer.count = buffer.capacity = 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Batches of queries: one walk per query, its hits appended to one growing CSR output.
+
+cdef int batch_reserve(Batch *b, int64_t extra) noexcept nogil:
+    cdef int64_t capacity
+    cdef uint64_t *ids
+    cdef double *fractions
+    if b.count + extra <= b.capacity:
+        return 0
+    capacity = max(b.count + extra, 2 * b.capacity, 1024)
+    ids = <uint64_t *>realloc(b.ids, capacity * sizeof(uint64_t))
+    if ids == NULL:
+        return -1
+    b.ids = ids
+    fractions = <double *>realloc(b.fractions, capacity * sizeof(double))
+    if fractions == NULL:
+        return -1
+    b.fractions = fractions
+    b.capacity = capacity
+    return 0
+
+
+cdef void batch_free(Batch *b) noexcept nogil:
+    free(b.ids)
+    free(b.fractions)
+    free(b.ray_hits)
+    stack_free(&b.stack)
+    hits_free(&b.hits)
+    b.ids = NULL
+    b.fractions = NULL
+    b.ray_hits = NULL
+    b.count = b.capacity = b.ray_capacity = 0
+
+
+cdef int finish_query(const TreeCore *t, const Query *q, Batch *b) noexcept nogil:
+    """Append the walk's hits to the output in the order the API promises."""
+    cdef int64_t n = b.hits.count, i
+    cdef RayHit *ray_hits
+    cdef uint64_t *ids
+    if batch_reserve(b, n) != 0:
+        return -1
+    ids = b.ids + b.count
+    if q.kind != QUERY_RAY:
+        for i in range(n):
+            ids[i] = t.proxies[b.hits.proxies[i]].id
+        sort_items(ids, n)
+        b.count += n
+        return 0
+    if n > b.ray_capacity:
+        ray_hits = <RayHit *>realloc(b.ray_hits, n * sizeof(RayHit))
+        if ray_hits == NULL:
+            return -1
+        b.ray_hits = ray_hits
+        b.ray_capacity = n
+    for i in range(n):
+        b.ray_hits[i].fraction = b.hits.fractions[i]
+        b.ray_hits[i].id = t.proxies[b.hits.proxies[i]].id
+    sort_items(b.ray_hits, n)
+    if q.first_hit and n > 1:
+        n = 1
+    for i in range(n):
+        ids[i] = b.ray_hits[i].id
+        b.fractions[b.count + i] = b.ray_hits[i].fraction
+    b.count += n
+    return 0
+
+
+cdef int run_one(const TreeCore *t, Query *q, Batch *b) noexcept nogil:
+    b.hits.count = 0
+    if walk(t, q, &b.stack, &b.hits) != 0:
+        return -1
+    return finish_query(t, q, b)
+
+
+cdef int run_boxes(const TreeCore *t, Query *q, const float *rows, int64_t n,
+                   int64_t *offsets, Batch *b) noexcept nogil:
+    cdef int64_t i
+    q.kind = QUERY_BOX
+    for i in range(n):
+        offsets[i] = b.count
+        load_box(rows + 2 * t.dims * i, t.dims, q.box)
+        if run_one(t, q, b) != 0:
+            return -1
+    offsets[n] = b.count
+    return 0
+
+
+cdef int run_spheres(const TreeCore *t, Query *q, const float *centers, const float *radii,
+                     int64_t n, int64_t *offsets, Batch *b) noexcept nogil:
+    cdef int64_t i
+    cdef int k
+    q.kind = QUERY_SPHERE
+    for i in range(n):
+        offsets[i] = b.count
+        q.center[2] = 0.0
+        for k in range(t.dims):
+            q.center[k] = centers[t.dims * i + k]
+        q.radius_sq = <double>radii[i] * <double>radii[i]
+        if run_one(t, q, b) != 0:
+            return -1
+    offsets[n] = b.count
+    return 0
+
+
+cdef int run_segments(const TreeCore *t, Query *q, const float *rows, int64_t n,
+                      int64_t *offsets, Batch *b) noexcept nogil:
+    cdef int64_t i
+    cdef int k
+    cdef const float *row
+    q.kind = QUERY_RAY
+    for i in range(n):
+        offsets[i] = b.count
+        row = rows + 2 * t.dims * i
+        for k in range(3):
+            q.origin[k] = 0.0
+            q.delta[k] = 0.0
+            q.inv_delta[k] = 0.0
+        for k in range(t.dims):
+            q.origin[k] = row[k]
+            q.delta[k] = <double>row[t.dims + k] - <double>row[k]
+            if q.delta[k] != 0.0:
+                q.inv_delta[k] = 1.0 / q.delta[k]
+        q.best_fraction = INFINITY
+        if run_one(t, q, b) != 0:
+            return -1
+    offsets[n] = b.count
+    return 0
+
+
+cdef int run_frusta(const TreeCore *t, Query *q, const float *planes, int64_t n, int32_t k,
+                    int64_t *offsets, Batch *b) noexcept nogil:
+    cdef int64_t i
+    cdef int j
+    cdef const float *plane
+    q.kind = QUERY_FRUSTUM
+    q.plane_count = k
+    for i in range(n):
+        offsets[i] = b.count
+        for j in range(k):
+            plane = planes + (t.dims + 1) * (i * k + j)
+            q.planes[j][0] = plane[0]
+            q.planes[j][1] = plane[1]
+            q.planes[j][2] = plane[2] if t.dims == 3 else 0.0
+            q.planes[j][3] = plane[t.dims]
+        if run_one(t, q, b) != 0:
+            return -1
+    offsets[n] = b.count
+    return 0
+
+
+cdef int self_pairs(const TreeCore *t, PairBuffer *out) noexcept nogil:
+    """Every overlapping pair of tight boxes: one box query per proxy, kept when the partner has a
+    higher index so each pair is found once."""
+    cdef Query q
+    cdef Stack stack
+    cdef Hits hits
+    cdef int32_t p, other
+    cdef int64_t i
+    cdef int status = 0
+    stack.entries = NULL
+    stack.count = stack.capacity = 0
+    hits.proxies = NULL
+    hits.fractions = NULL
+    hits.count = hits.capacity = 0
+    q.kind = QUERY_BOX
+    q.groups = NULL
+    q.first_hit = False
+    for p in range(t.proxy_capacity):
+        if not (t.proxies[p].flags & PROXY_LIVE):
+            continue
+        memcpy(q.box, t.proxies[p].tight, sizeof(q.box))
+        hits.count = 0
+        if walk(t, &q, &stack, &hits) != 0:
+            status = -1
+            break
+        for i in range(hits.count):
+            other = hits.proxies[i]
+            if other > p and pairs_push(out, t.proxies[p].id, t.proxies[other].id) != 0:
+                status = -1
+                break
+    stack_free(&stack)
+    hits_free(&hits)
+    if status == 0:
+        sort_items(out.pairs, out.count)
+    return status
