@@ -2,17 +2,19 @@
 
 Each world is kept busy by its own thread of the benchmark, which sends requests encoded before the
 clock starts and keeps the answers as raw bytes (decoding only the batch statuses, after the clock
-stops). The client side is thus light, so on a small machine the cores go to the server; the share of
-the benchmark process is reported beside it. Two kinds of work: calls of 10k box queries, and W1
-steps streamed pipelined to pair-tracking worlds. The same work runs on two in-process
-`dbvt.Broadphase` in two threads, for the scaling of the core alone. Other processes on the machine
-take cores too, so each figure is the best of --repeats rounds (one world, then two, alternately),
-and with the server's process id the cores it kept busy and the time its threads spent waiting for a
-core are shown (from Linux's /proc/PID/task/*/schedstat).
+stops). The client side is thus light, so on a small machine the cores go to the server; the cores
+the benchmark process used are reported beside it. Two kinds of work: calls of 10k box queries, and
+W1 steps streamed pipelined to pair-tracking worlds. The same work runs on two in-process
+`dbvt.Broadphase` in two threads, for the scaling of the core alone.
+
+Other processes on the machine take cores too, so each figure is the best of --repeats rounds (one
+world, then two, alternately), and where Linux tells (/proc/.../schedstat) the cores the worlds'
+threads ran on are shown beside how many of them were runnable on average: running, or ready and
+queued for a core. Threads that wait for a lock or the GIL sleep instead, so a second world that adds
+about one runnable thread is not held back by us, whatever share of the cores the machine gives it.
 """
 from __future__ import annotations
 
-import os
 import pathlib
 import threading
 import time
@@ -27,62 +29,76 @@ from dbvt_proto.v1 import broadphase_pb2 as pb
 WORLDS = ("parallel-a", "parallel-b")
 QUERY_CALLS = 6
 SERVICE = "/dbvt.v1.BroadphaseService/"
+THREAD_SELF = pathlib.Path("/proc/thread-self/schedstat")
 
 
-class CpuMeter:
-    """CPU seconds of a process, and the seconds its threads spent queued for a core.
+def schedstat(path: pathlib.Path) -> tuple[float, float] | None:
+    """Seconds a thread has run on a core, and seconds it stood queued for one; None where unknown."""
+    try:
+        on_cpu, queued = path.read_text().split()[:2]
+        return int(on_cpu) / 1e9, int(queued) / 1e9
+    except (OSError, ValueError):
+        return None
 
-    Another process is read from Linux's /proc/PID/task/*/schedstat (the queueing included; elsewhere
-    nothing is known). This process is read with time.process_time(), which keeps counting the threads
-    that have ended; its queueing is not known.
-    """
+
+class ServerMeter:
+    """The summed schedstat of every thread of another process."""
 
     def __init__(self, pid: int | None):
-        self.own = pid == os.getpid()
-        self.tasks = pathlib.Path(f"/proc/{pid}/task") if pid and not self.own else None
-        if self.tasks is not None and not self.tasks.is_dir():
-            self.tasks = None
+        self.tasks = pathlib.Path(f"/proc/{pid}/task") if pid else None
 
-    def read(self) -> tuple[float, float | None] | None:
-        if self.own:
-            return time.process_time(), None
-        if self.tasks is None:
+    def read(self) -> tuple[float, float] | None:
+        if self.tasks is None or not self.tasks.is_dir():
             return None
-        running = waiting = 0
-        for task in self.tasks.iterdir():
-            try:
-                on_cpu, queued = (task / "schedstat").read_text().split()[:2]
-            except (FileNotFoundError, ProcessLookupError, ValueError):
-                continue  # a thread that ended meanwhile
-            running, waiting = running + int(on_cpu), waiting + int(queued)
-        return running / 1e9, waiting / 1e9
+        # A thread that ends meanwhile drops out; the server's threads live as long as it does.
+        threads = [found for task in self.tasks.iterdir() if (found := schedstat(task / "schedstat"))]
+        if not threads:
+            return None
+        return sum(t[0] for t in threads), sum(t[1] for t in threads)
 
 
 @dataclass
 class Round:
-    rate: float                         # operations per second
-    cores: float | None = None          # the measured process's CPU seconds per second
-    waiting: float | None = None        # its threads' seconds waiting for a core, per second
-    client_cores: float | None = None   # this process's CPU seconds per second, when it is not the measured one
+    rate: float                   # operations per second
+    used: float | None = None       # cores the worlds' threads ran on (CPU seconds per second)
+    runnable: float | None = None   # how many of them were running or queued for a core, on average
+    client: float | None = None   # cores this process used while it drove a server
 
 
-def timed(jobs: list[Callable[[], None]], operations: int, meter: CpuMeter, client: CpuMeter | None = None) -> Round:
-    """Run `jobs` at once, one thread each; `operations` in all."""
-    threads = [threading.Thread(target=job) for job in jobs]
-    before, client_before, started = meter.read(), client and client.read(), time.perf_counter()
+def _measured(job: Callable[[], None], totals: list) -> Callable[[], None]:
+    def run() -> None:
+        before = schedstat(THREAD_SELF)
+        job()
+        after = schedstat(THREAD_SELF)
+        if before and after:
+            totals.append((after[0] - before[0], after[1] - before[1]))
+
+    return run
+
+
+def timed(jobs: list[Callable[[], None]], operations: int, server: ServerMeter | None) -> Round:
+    """Run `jobs` at once, one thread each, `operations` in all. The worlds' threads are the server's
+    if a server is given, else the jobs' own (in-process)."""
+    own: list[tuple[float, float]] = []
+    threads = [threading.Thread(target=_measured(job, own)) for job in jobs]
+    server_before, client_before = server and server.read(), time.process_time()
+    started = time.perf_counter()
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
     seconds = time.perf_counter() - started
-    after, client_after = meter.read(), client and client.read()
     made = Round(operations / seconds)
-    if before is not None and after is not None:
-        made.cores = (after[0] - before[0]) / seconds
-        if after[1] is not None:
-            made.waiting = (after[1] - before[1]) / seconds
-    if client_before and client_after:
-        made.client_cores = (client_after[0] - client_before[0]) / seconds
+    if server is None:
+        totals = own if len(own) == len(jobs) else None
+    else:
+        server_after = server.read()
+        totals = [(a - b) for a, b in zip(server_after, server_before)] if server_before and server_after else None
+        totals = [tuple(totals)] if totals else None
+        made.client = (time.process_time() - client_before) / seconds
+    if totals:
+        used = sum(t[0] for t in totals)
+        made.used, made.runnable = used / seconds, (used + sum(t[1] for t in totals)) / seconds
     return made
 
 
@@ -100,13 +116,13 @@ class Scaling:
         return self.two.rate / self.one.rate
 
 
-def scaling(job_for: Callable[[int], Callable[[], None]], operations: int, meter: CpuMeter, repeats: int,
-            client: CpuMeter | None = None) -> Scaling:
+def scaling(job_for: Callable[[int], Callable[[], None]], operations: int, server: ServerMeter | None,
+            repeats: int) -> Scaling:
     """`job_for(i)` keeps world i busy for `operations` operations."""
     ones, twos = [], []
     for _ in range(repeats):
-        ones.append(timed([job_for(0)], operations, meter, client))
-        twos.append(timed([job_for(0), job_for(1)], 2 * operations, meter, client))
+        ones.append(timed([job_for(0)], operations, server))
+        twos.append(timed([job_for(0), job_for(1)], 2 * operations, server))
     return Scaling(best(ones), best(twos))
 
 
@@ -143,13 +159,11 @@ def over_the_wire(client, target: str, work, server_pid: int | None, repeats: in
             client.delete_world(name)
         client.create_world(name).apply(create=(work.ids, work.boxes))
     channels = [grpc.insecure_channel(target, options=CHANNEL_OPTIONS) for _ in WORLDS]
-    meter, client_meter = CpuMeter(server_pid), CpuMeter(os.getpid())
+    server = ServerMeter(server_pid)
     try:
         return {
-            "query": scaling(lambda i: _query_job(channels[i], WORLDS[i], work.queries), QUERY_CALLS, meter,
-                             repeats, client_meter),
-            "steps": scaling(lambda i: _stream_job(channels[i], WORLDS[i], work), work.steps, meter, repeats,
-                             client_meter),
+            "query": scaling(lambda i: _query_job(channels[i], WORLDS[i], work.queries), QUERY_CALLS, server, repeats),
+            "steps": scaling(lambda i: _stream_job(channels[i], WORLDS[i], work), work.steps, server, repeats),
         }
     finally:
         for channel in channels:
@@ -182,9 +196,8 @@ def in_process(work, repeats: int) -> dict[str, Scaling]:
                 worlds[i].update()
         return job
 
-    meter = CpuMeter(os.getpid())
-    return {"query": scaling(query_job, QUERY_CALLS, meter, repeats),
-            "steps": scaling(step_job, work.steps, meter, repeats)}
+    return {"query": scaling(query_job, QUERY_CALLS, None, repeats),
+            "steps": scaling(step_job, work.steps, None, repeats)}
 
 
 def _change(one: float | None, two: float | None) -> str:
@@ -192,15 +205,14 @@ def _change(one: float | None, two: float | None) -> str:
 
 
 def report(wire: dict[str, Scaling], local: dict[str, Scaling]) -> list[str]:
-    lines = ["two busy worlds, best of the rounds. cores: CPU seconds per second of the server (in-process: of "
-             "this process); waiting: seconds per second its threads stood queued for a core; client: this "
-             "process's CPU seconds per second while it drove the server",
-             f"{'':34}{'1 world':>10}{'2 worlds':>10}{'ratio':>8}{'cores':>14}{'waiting':>14}{'client':>14}"]
+    lines = ["two busy worlds, best of the rounds. Of the worlds' threads (the server's; in-process, the benchmark's):",
+             "cores used, and how many were runnable (running or queued for a core); client: cores this process used",
+             f"{'':34}{'1 world':>10}{'2 worlds':>10}{'ratio':>8}{'cores used':>14}{'runnable':>14}{'client':>14}"]
     for key, label in (("query", "10k-query calls/s"), ("steps", "W1 steps/s, streamed")):
         for where, figures in (("server", wire[key]), ("in-process", local[key])):
             one, two = figures.one, figures.two
             lines.append(f"{f'{label}, {where}':34}{one.rate:10.2f}{two.rate:10.2f}{figures.ratio:8.2f}"
-                         f"{_change(one.cores, two.cores):>14}{_change(one.waiting, two.waiting):>14}"
-                         f"{_change(one.client_cores, two.client_cores):>14}"
+                         f"{_change(one.used, two.used):>14}{_change(one.runnable, two.runnable):>14}"
+                         f"{_change(one.client, two.client):>14}"
                          f"{'  target >= 1.6x' if where == 'server' else ''}")
     return lines
