@@ -33,8 +33,18 @@ _HEADER = struct.Struct("<4sIIif7i")
 _BYTE_ORDER_MARK = 0x01020304
 
 
-cdef object csr(Batch *b, object offsets, bint with_fractions):
-    """Hand a batch's output to numpy (one copy) and free it."""
+cdef inline void start_batch(Batch *b, Query *q, uint32_t mask, const uint32_t *groups, bint first_hit):
+    memset(b, 0, sizeof(Batch))
+    q.mask = mask
+    q.groups = groups
+    q.first_hit = first_hit
+
+
+cdef object csr(Batch *b, int status, object offsets, bint with_fractions):
+    """Hand a batch's output to numpy (one copy) and free it; status -1 means memory ran out."""
+    if status != 0:
+        batch_free(b)
+        raise MemoryError()
     hits = np.empty(b.count, np.uint64)
     cdef uint64_t[::1] hit_view = hits
     cdef double[::1] fraction_view
@@ -199,16 +209,10 @@ cdef class TreeBase:
         cdef Batch batch
         cdef Query q
         cdef int status
-        memset(&batch, 0, sizeof(Batch))
-        q.mask = mask
-        q.groups = groups
-        q.first_hit = False
+        start_batch(&batch, &q, mask, groups, False)
         with nogil:
             status = run_boxes(&self.core, &q, first, n, &off[0], &batch)
-        if status != 0:
-            batch_free(&batch)
-            raise MemoryError()
-        return csr(&batch, offsets, False)
+        return csr(&batch, status, offsets, False)
 
     cdef object _query_sphere(self, object centers, object radii, uint32_t mask, const uint32_t *groups):
         cdef const float[:, ::1] points = validation.as_points(centers, self.core.dims, "centers")
@@ -221,16 +225,10 @@ cdef class TreeBase:
         cdef Batch batch
         cdef Query q
         cdef int status
-        memset(&batch, 0, sizeof(Batch))
-        q.mask = mask
-        q.groups = groups
-        q.first_hit = False
+        start_batch(&batch, &q, mask, groups, False)
         with nogil:
             status = run_spheres(&self.core, &q, first, first_radius, n, &off[0], &batch)
-        if status != 0:
-            batch_free(&batch)
-            raise MemoryError()
-        return csr(&batch, offsets, False)
+        return csr(&batch, status, offsets, False)
 
     cdef object _raycast(self, object segments, bint first_hit, uint32_t mask, const uint32_t *groups):
         cdef const float[:, ::1] rows = validation.as_segments(segments, self.core.dims)
@@ -241,16 +239,10 @@ cdef class TreeBase:
         cdef Batch batch
         cdef Query q
         cdef int status
-        memset(&batch, 0, sizeof(Batch))
-        q.mask = mask
-        q.groups = groups
-        q.first_hit = first_hit
+        start_batch(&batch, &q, mask, groups, first_hit)
         with nogil:
             status = run_segments(&self.core, &q, first, n, &off[0], &batch)
-        if status != 0:
-            batch_free(&batch)
-            raise MemoryError()
-        return csr(&batch, offsets, True)
+        return csr(&batch, status, offsets, True)
 
     cdef object _query_frustum(self, object planes, uint32_t mask, const uint32_t *groups):
         plane_arr = validation.as_planes(planes, self.core.dims)
@@ -263,16 +255,10 @@ cdef class TreeBase:
         cdef Batch batch
         cdef Query q
         cdef int status
-        memset(&batch, 0, sizeof(Batch))
-        q.mask = mask
-        q.groups = groups
-        q.first_hit = False
+        start_batch(&batch, &q, mask, groups, False)
         with nogil:
             status = run_frusta(&self.core, &q, first, n, k, &off[0], &batch)
-        if status != 0:
-            batch_free(&batch)
-            raise MemoryError()
-        return csr(&batch, offsets, False)
+        return csr(&batch, status, offsets, False)
 
     def rebuild(self):
         """Rebuild the whole tree top down with the binned surface-area heuristic."""
