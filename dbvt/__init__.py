@@ -4,8 +4,16 @@
 pairs of overlapping proxies as they move (as btDbvtBroadphase). `dbvt.reference` has the same API,
 computed by brute force, for checking. All results are exact on the proxies' tight boxes.
 """
-from dbvt._broadphase import Broadphase
-from dbvt._tree import Tree
+try:
+    from dbvt._broadphase import Broadphase
+    from dbvt._tree import Tree
+except ModuleNotFoundError as exc:   # the repository's dbvt/ shadows the installed package
+    if not (exc.name or "").startswith("dbvt._"):
+        raise
+    raise ImportError(
+        f"dbvt's compiled core is missing from {__path__[0]}: this is the source tree, not an installed "
+        "package. Install it (pip install ./client .) and run Python from outside the repository."
+    ) from exc
 from dbvt.frustum import frustum_planes
 
 __all__ = ["Tree", "Broadphase", "frustum_planes"]
