@@ -1,8 +1,9 @@
 """The gRPC servicer: a thin adapter from `dbvt.v1.BroadphaseService` onto `dbvt_client.service`.
 
-Each world has one asyncio lock: calls on one world run one at a time, in the order they took the
-lock. The work itself runs on a thread pool, off the event loop, so worlds run in parallel (the
-core releases the GIL). Errors become statuses through the SDK's one error table.
+Each world has one queue of operations (dbvt_server.world_queue): calls on one world run one at a
+time, in the order they arrived. The work itself runs on a thread pool, off the event loop, so
+worlds run in parallel (the core releases the GIL). Errors become statuses through the SDK's one
+error table.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from dbvt_client.service import BatchStaging, Service, stream_error
 from dbvt_client.worlds import WORLD_RPCS, World
 from dbvt_proto.v1 import broadphase_pb2 as pb
 from dbvt_proto.v1 import broadphase_pb2_grpc as pb_grpc
+from dbvt_server.world_queue import WorldQueue
 
 log = logging.getLogger("dbvt_server")
 
@@ -38,28 +40,25 @@ class BroadphaseServicer(pb_grpc.BroadphaseServiceServicer):
     def __init__(self, service: Service, executor: Executor):
         self._service = service
         self._executor = executor
-        self._locks: weakref.WeakKeyDictionary[World, asyncio.Lock] = weakref.WeakKeyDictionary()
+        self._queues: weakref.WeakKeyDictionary[World, WorldQueue] = weakref.WeakKeyDictionary()
 
-    async def _on_world(self, world: World, function, request):
-        """`function(world, request)` on the pool, under the world's lock.
+    def _start(self, world: World, function, request) -> asyncio.Future:
+        """`function(world, request)` queued on the world; the future of its answer.
 
-        If the call is cancelled (client gone, or shutdown past its grace) the lock is still held
-        until the thread is done, so that no other call can touch the world half-way through.
+        A call cancelled before its turn (client gone, or shutdown past its grace) is dropped; once
+        started it runs to the end, and the world's next operation waits for it, so no call ever sees
+        a world half-way through another.
         """
-        lock = self._locks.setdefault(world, asyncio.Lock())
-        async with lock:
-            if log.isEnabledFor(logging.DEBUG):
-                function = _timed(function)
-            running = asyncio.get_running_loop().run_in_executor(self._executor, function, world, request)
-            try:
-                return await asyncio.shield(running)
-            except asyncio.CancelledError:
-                await asyncio.wait({running})
-                raise
+        queue = self._queues.get(world)
+        if queue is None:
+            queue = self._queues[world] = WorldQueue(self._executor)
+        if log.isEnabledFor(logging.DEBUG):
+            function = _timed(function)
+        return asyncio.wrap_future(queue.submit(function, world, request))
 
     async def _world_rpc(self, method: str, request, context):
         try:
-            return await self._on_world(self._service.world(request.world), WORLD_RPCS[method], request)
+            return await self._start(self._service.world(request.world), WORLD_RPCS[method], request)
         except Exception as exc:
             error = from_exception(exc)
             await context.abort(error.code, error.message)
@@ -107,11 +106,11 @@ class BroadphaseServicer(pb_grpc.BroadphaseServiceServicer):
     async def StreamBatches(self, request_iterator, context):
         """Answers in order of arrival, while the next batches are already being read and started.
 
-        A reader task takes messages off the stream and starts each complete batch at once: batches on
-        one world still run one at a time, in order, because each queues on the world's lock as it is
-        read. So a client that pipelines its batches keeps the world busy while this task answers and
-        the next message is parsed, instead of the world idling between batches. At most
-        STREAM_READ_AHEAD batches wait for their answers, so a fast writer cannot make the server hold more.
+        A reader task takes messages off the stream and queues each complete batch on its world at
+        once (a world's queue runs them one at a time, in order). So a client that pipelines its
+        batches keeps the world busy while this task answers and the next message is parsed, instead
+        of the world idling between batches. At most STREAM_READ_AHEAD batches wait for their answers,
+        so a fast writer cannot make the server hold more.
         """
         answers: asyncio.Queue = asyncio.Queue()
         window = asyncio.Semaphore(STREAM_READ_AHEAD)
@@ -144,13 +143,16 @@ class BroadphaseServicer(pb_grpc.BroadphaseServiceServicer):
                     continue
                 if batch is not None:
                     await window.acquire()
-                    started = asyncio.ensure_future(self._apply_streamed(request.world, batch))
-                    answers.put_nowait((request.sequence, started))
+                    answers.put_nowait((request.sequence, self._start_batch(request.world, batch)))
         finally:
             answers.put_nowait(None)
 
-    async def _apply_streamed(self, name: str, batch: pb.Batch) -> pb.BatchResult:
-        return await self._on_world(self._service.world(name), World.apply, batch)
+    def _start_batch(self, name: str, batch: pb.Batch) -> asyncio.Future:
+        try:
+            world = self._service.world(name)
+        except Exception as exc:
+            return _failed(exc)
+        return self._start(world, World.apply, batch)
 
 
 # Batches of one stream started before the oldest of them has been answered.

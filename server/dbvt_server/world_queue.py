@@ -1,0 +1,68 @@
+"""The operations of one world, run one at a time in order of submission, on the shared thread pool.
+
+A thread that finishes an operation of a world takes the world's next queued operation itself rather
+than handing back to the event loop and waiting for it to start the next one, so a client that
+pipelines its batches keeps the world busy even while the event loop waits for a core. After each
+operation the world goes back in line on the pool, so that busy worlds share the threads fairly.
+"""
+from __future__ import annotations
+
+import collections
+import threading
+from concurrent.futures import Executor, Future
+from typing import Callable
+
+
+class WorldQueue:
+    def __init__(self, executor: Executor):
+        self._executor = executor
+        self._lock = threading.Lock()
+        self._jobs: collections.deque[tuple[Future, Callable, tuple]] = collections.deque()
+        # Whether a turn of this world is on the pool (queued or running): then it takes new jobs too.
+        self._in_line = False
+
+    def submit(self, function: Callable, *args) -> Future:
+        """The future of `function(*args)`, run after every operation submitted before it.
+
+        Cancelling the future before the operation starts drops it; once started it runs to the end.
+        """
+        job: Future = Future()
+        with self._lock:
+            self._jobs.append((job, function, args))
+            if self._in_line:
+                return job
+            self._in_line = True
+        self._get_in_line()
+        return job
+
+    def _get_in_line(self) -> None:
+        try:
+            self._executor.submit(self._turn)
+        except RuntimeError:
+            # The pool is shutting down: what was accepted still runs, here and now.
+            while self._run_next():
+                pass
+
+    def _turn(self) -> None:
+        if self._run_next():
+            self._get_in_line()
+
+    def _run_next(self) -> bool:
+        """Run the next job that was not cancelled; whether more are waiting (the turn goes on)."""
+        while True:
+            with self._lock:
+                if not self._jobs:
+                    self._in_line = False
+                    return False
+                job, function, args = self._jobs.popleft()
+            if job.set_running_or_notify_cancel():
+                break
+        try:
+            job.set_result(function(*args))
+        except BaseException as exc:
+            job.set_exception(exc)
+        with self._lock:
+            if self._jobs:
+                return True
+            self._in_line = False
+            return False

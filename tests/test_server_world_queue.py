@@ -1,0 +1,105 @@
+"""WorldQueue, on real thread pools: one world's operations run one at a time in submission order,
+different worlds run at once and take turns, cancelled operations are dropped, failures are reported,
+and operations accepted while the pool shuts down still run."""
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import CancelledError, ThreadPoolExecutor, wait
+
+import pytest
+
+from dbvt_server.world_queue import WorldQueue
+
+
+class Recorder:
+    """Operations that log their order and the most of them that ever ran at once."""
+
+    def __init__(self):
+        self.order: list = []
+        self.running = self.most_at_once = 0
+        self.started = threading.Event()
+        self._lock = threading.Lock()
+
+    def operation(self, tag, hold: threading.Event | None = None, pause: float = 0.0):
+        with self._lock:
+            self.running += 1
+            self.most_at_once = max(self.most_at_once, self.running)
+        self.started.set()
+        if hold is not None:
+            assert hold.wait(30), "the operation was never released"
+        time.sleep(pause)  # lets other threads run meanwhile, so overlapping operations would show
+        with self._lock:
+            self.order.append(tag)
+            self.running -= 1
+        return tag
+
+
+def test_one_world_runs_its_operations_one_at_a_time_in_order():
+    recorder = Recorder()
+    with ThreadPoolExecutor(4) as pool:
+        queue = WorldQueue(pool)
+        futures = [queue.submit(recorder.operation, i, None, 0.001) for i in range(100)]
+        assert [f.result(30) for f in futures] == list(range(100))
+    assert recorder.order == list(range(100))
+    assert recorder.most_at_once == 1
+
+
+def test_two_worlds_run_at_once():
+    """World a's operation can only finish once world b's has run, so a queue serializing both would hang."""
+    b_ran = threading.Event()
+    with ThreadPoolExecutor(2) as pool:
+        a, b = WorldQueue(pool), WorldQueue(pool)
+        waiting = a.submit(b_ran.wait, 30)
+        b.submit(b_ran.set).result(30)
+        assert waiting.result(30) is True
+
+
+def test_busy_worlds_take_turns_on_one_thread():
+    recorder = Recorder()
+    release = threading.Event()
+    with ThreadPoolExecutor(1) as pool:
+        a, b = WorldQueue(pool), WorldQueue(pool)
+        first = a.submit(recorder.operation, "a0", release)
+        rest = [queue.submit(recorder.operation, f"{name}{i}")
+                for i in range(1, 4) for name, queue in (("a", a), ("b", b))]
+        release.set()
+        wait([first, *rest], 30)
+    assert recorder.order == ["a0", "b1", "a1", "b2", "a2", "b3", "a3"]
+
+
+def test_cancelled_operations_are_dropped_and_failures_reported():
+    recorder = Recorder()
+    release = threading.Event()
+    with ThreadPoolExecutor(2) as pool:
+        queue = WorldQueue(pool)
+        running = queue.submit(recorder.operation, "running", release)
+        dropped = queue.submit(recorder.operation, "dropped")
+        failing = queue.submit(int, "not a number")
+        after = queue.submit(recorder.operation, "after")
+        assert recorder.started.wait(30)
+        assert dropped.cancel() and not running.cancel(), "only an operation that has not started can be dropped"
+        release.set()
+        assert running.result(30) == "running" and after.result(30) == "after"
+        with pytest.raises(ValueError, match="not a number"):
+            failing.result(30)
+        with pytest.raises(CancelledError):
+            dropped.result(0)
+    assert recorder.order == ["running", "after"]
+
+
+def test_operations_accepted_while_the_pool_shuts_down_still_run():
+    recorder = Recorder()
+    release = threading.Event()
+    pool = ThreadPoolExecutor(1)
+    queue = WorldQueue(pool)
+    first = queue.submit(recorder.operation, "first", release)
+    second = queue.submit(recorder.operation, "second")
+    closing = threading.Thread(target=pool.shutdown, kwargs={"wait": True})
+    closing.start()
+    release.set()
+    closing.join(30)
+    assert first.result(0) == "first" and second.result(0) == "second"
+    late = queue.submit(recorder.operation, "late")
+    assert late.result(0) == "late", "after shutdown, an operation runs in the caller's thread"
+    assert recorder.order == ["first", "second", "late"]
