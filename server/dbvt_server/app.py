@@ -42,7 +42,7 @@ class Running:
         """Refuse new calls, let calls in flight finish for up to `grace` seconds, then cancel them."""
         await self.health.enter_graceful_shutdown()
         await self.server.stop(grace)
-        # Cancelled calls still wait for their thread (see the servicer); so does this.
+        # An operation that had started when its call was cancelled runs to its end (see world_queue).
         self.executor.shutdown(wait=True)
 
 
