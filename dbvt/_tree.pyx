@@ -452,5 +452,7 @@ cdef class Tree(TreeBase):
     @classmethod
     def from_bytes(cls, data):
         cdef Tree tree = cls()
-        tree._load_tree(memoryview(data).cast("B"))
+        view = memoryview(data).cast("B")
+        if tree._load_tree(view) != len(view):
+            raise ValueError("data holds more than a dbvt Tree (a Broadphase's bytes?)")
         return tree

@@ -145,6 +145,8 @@ def as_mask(mask) -> int | None:
     """An optional query mask; None (every proxy, whatever its group) stays None."""
     if mask is None:
         return None
+    if not isinstance(mask, (int, np.integer)) or isinstance(mask, bool):
+        raise ValueError(f"mask must be an integer, not {mask!r}")
     mask = int(mask)
     if not 0 <= mask <= UINT32_MAX:
         raise ValueError(f"mask must be a 32-bit unsigned value, not {mask}")

@@ -173,3 +173,16 @@ def test_membership_of_things_that_are_not_ids_is_false(implementation, kind):
     assert 100 in structure and np.uint64(119) in structure
     for value in (-1, 2**64, 100.0, "100", None, (100,)):
         assert value not in structure, value
+
+
+def test_mask_must_be_an_integer_and_tree_bytes_must_be_a_tree():
+    import dbvt
+    from dbvt import reference
+    for kind in (dbvt.Broadphase, reference.Broadphase):
+        bp = kind()
+        bp.create([1], [[0, 0, 0, 1, 1, 1]])
+        for mask in (1.5, "3", True):
+            with pytest.raises(ValueError, match="mask"):
+                bp.query_aabb([[0, 0, 0, 1, 1, 1]], mask=mask)
+    with pytest.raises(ValueError, match="more than a dbvt Tree"):
+        dbvt.Tree.from_bytes(dbvt.Broadphase().to_bytes())
