@@ -1,6 +1,6 @@
 # Batches of queries into CSR output, and the sorting shared with the broadphase. Functions
 # returning `int` return 0, or -1 when memory ran out (the caller raises MemoryError).
-from libc.stdint cimport int32_t, int64_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 
 from dbvt._core cimport Batch, IdPair, PairBuffer, Query, TreeCore
 
@@ -18,4 +18,5 @@ cdef int run_segments(const TreeCore *t, Query *q, const float *rows, int64_t n,
                       int64_t *offsets, Batch *b) noexcept nogil
 cdef int run_frusta(const TreeCore *t, Query *q, const float *planes, int64_t n, int32_t k,
                     int64_t *offsets, Batch *b) noexcept nogil
-cdef int self_pairs(const TreeCore *t, PairBuffer *out) noexcept nogil
+cdef int self_pairs(const TreeCore *t, PairBuffer *out, const uint32_t *groups,
+                    const uint32_t *masks) noexcept nogil

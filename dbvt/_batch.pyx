@@ -2,13 +2,13 @@
 """Batches of queries: one walk per query, its hits sorted into the order the API promises and
 appended to one growing CSR output; and the sorting they share with the broadphase."""
 from libc.math cimport INFINITY
-from libc.stdint cimport int32_t, int64_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libc.stdlib cimport free, realloc
 from libc.string cimport memcpy
 
 from dbvt._core cimport (
     PROXY_LIVE, QUERY_BOX, QUERY_FRUSTUM, QUERY_RAY, QUERY_SPHERE, Batch, Hits, IdPair, PairBuffer, Query,
-    RayHit, Stack, TreeCore, hits_free, load_box, stack_free, walk,
+    RayHit, Stack, TreeCore, hits_free, load_box, pair_allowed, stack_free, walk,
 )
 
 
@@ -256,9 +256,11 @@ cdef int run_frusta(const TreeCore *t, Query *q, const float *planes, int64_t n,
     return 0
 
 
-cdef int self_pairs(const TreeCore *t, PairBuffer *out) noexcept nogil:
-    """Every overlapping pair of tight boxes: one box query per proxy, kept when the partner has a
-    higher index so each pair is found once."""
+cdef int self_pairs(const TreeCore *t, PairBuffer *out, const uint32_t *groups,
+                    const uint32_t *masks) noexcept nogil:
+    """Every overlapping pair of tight boxes (that the broadphase's filter allows, when `groups`
+    and `masks` are given): one box query per proxy, kept when the partner has a higher index so
+    each pair is found once."""
     cdef Query q
     cdef Stack stack
     cdef Hits hits
@@ -283,7 +285,9 @@ cdef int self_pairs(const TreeCore *t, PairBuffer *out) noexcept nogil:
             break
         for i in range(hits.count):
             other = hits.proxies[i]
-            if other > p and pairs_push(out, t.proxies[p].id, t.proxies[other].id) != 0:
+            if other <= p or (groups != NULL and not pair_allowed(t, groups, masks, p, other)):
+                continue
+            if pairs_push(out, t.proxies[p].id, t.proxies[other].id) != 0:
                 status = -1
                 break
     stack_free(&stack)

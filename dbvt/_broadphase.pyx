@@ -16,10 +16,10 @@ import numpy as np
 
 from dbvt import validation
 
-from dbvt._batch cimport pairs_free, pairs_push, sort_int32, sort_pairs
+from dbvt._batch cimport pairs_free, pairs_push, self_pairs, sort_int32, sort_pairs
 from dbvt._core cimport (
-    PROXY_LIVE, PROXY_MOVED, PROXY_REFAT, PROXY_STATIC, QUERY_BOX, QUERY_FAT_BOX, Hits, IdPair, PairBuffer,
-    Query, Stack, TreeCore, core_move, core_remove, core_reserve, hits_free, load_box, stack_free, walk,
+    PROXY_LIVE, PROXY_MOVED, PROXY_REFAT, PROXY_STATIC, QUERY_FAT_BOX, Hits, IdPair, PairBuffer, Query, Stack, TreeCore,
+    core_move, core_remove, core_reserve, hits_free, load_box, pair_allowed, stack_free, walk,
 )
 from dbvt._tree cimport TreeBase, pair_array
 
@@ -57,13 +57,6 @@ cdef inline int32_t *partners_find(const Partners *p, int32_t other) noexcept no
     if lo < p.count and (p.items[lo] >> 1) == other:
         return &p.items[lo]
     return NULL
-
-
-cdef inline bint pair_allowed(const TreeCore *t, const uint32_t *groups, const uint32_t *masks,
-                              int32_t a, int32_t b) noexcept nogil:
-    if t.proxies[a].flags & t.proxies[b].flags & PROXY_STATIC:
-        return False
-    return (groups[a] & masks[b]) != 0 and (groups[b] & masks[a]) != 0
 
 
 cdef int partners_reserve(Partners *p, int32_t capacity) noexcept nogil:
@@ -435,11 +428,6 @@ cdef class Broadphase(TreeBase):
     cdef int _current_pairs(self, PairBuffer *out) noexcept nogil:
         cdef TreeCore *t = &self.core
         cdef int32_t proxy, other, k
-        cdef int64_t h
-        cdef Query q
-        cdef Stack stack
-        cdef Hits hits
-        cdef int status = 0
         if self.track_pairs and self.moved_count == 0 and self.ended.count == 0:
             # Nothing changed since update(): the touching partners are the answer.
             for proxy in range(t.proxy_capacity):
@@ -451,30 +439,7 @@ cdef class Broadphase(TreeBase):
                             return -1
             sort_pairs(out.pairs, out.count)
             return 0
-        memset(&stack, 0, sizeof(Stack))
-        memset(&hits, 0, sizeof(Hits))
-        q.kind = QUERY_BOX
-        q.groups = NULL
-        q.first_hit = False
-        for proxy in range(t.proxy_capacity):
-            if not (t.proxies[proxy].flags & PROXY_LIVE):
-                continue
-            memcpy(q.box, t.proxies[proxy].tight, sizeof(q.box))
-            hits.count = 0
-            if walk(t, &q, &stack, &hits) != 0:
-                status = -1
-                break
-            for h in range(hits.count):
-                other = hits.proxies[h]
-                if (other > proxy and pair_allowed(t, self.groups, self.masks, proxy, other)
-                        and pairs_push(out, t.proxies[proxy].id, t.proxies[other].id) != 0):
-                    status = -1
-                    break
-        stack_free(&stack)
-        hits_free(&hits)
-        if status == 0:
-            sort_pairs(out.pairs, out.count)
-        return status
+        return self_pairs(t, out, self.groups, self.masks)
 
     def query_aabb(self, boxes, mask=None):
         """CSR `(offsets, hits)` over static and dynamic proxies; `mask` keeps proxies whose group

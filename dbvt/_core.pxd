@@ -132,3 +132,11 @@ cdef int walk(const TreeCore *t, Query *q, Stack *stack, Hits *hits) noexcept no
 cdef int hits_push(Hits *hits, int32_t proxy, double fraction) noexcept nogil
 cdef void stack_free(Stack *stack) noexcept nogil
 cdef void hits_free(Hits *hits) noexcept nogil
+
+
+cdef inline bint pair_allowed(const TreeCore *t, const uint32_t *groups, const uint32_t *masks,
+                              int32_t a, int32_t b) noexcept nogil:
+    """The broadphase's filter: never two static proxies, and each group must meet the other's mask."""
+    if t.proxies[a].flags & t.proxies[b].flags & PROXY_STATIC:
+        return False
+    return (groups[a] & masks[b]) != 0 and (groups[b] & masks[a]) != 0

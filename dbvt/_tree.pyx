@@ -440,7 +440,7 @@ cdef class Tree(TreeBase):
         cdef int status
         memset(&buffer, 0, sizeof(PairBuffer))
         with nogil:
-            status = self_pairs(&self.core, &buffer)
+            status = self_pairs(&self.core, &buffer, NULL, NULL)
         if status != 0:
             pairs_free(&buffer)
             raise MemoryError()
