@@ -1,4 +1,5 @@
-# The dbvt core's header: C structs and the nogil functions `_broadphase` shares with `_tree`.
+# The dbvt core's header: the C structs, and the nogil tree functions `_batch`, `_tree` and
+# `_broadphase` build on.
 #
 # Exception contract: functions returning `int` return 0 on success and -1 when memory ran out (the
 # caller raises MemoryError after leaving nogil); `void` functions cannot fail. No function here
@@ -116,7 +117,7 @@ cdef void core_free(TreeCore *t) noexcept nogil
 cdef int core_reserve(TreeCore *t, int64_t extra_proxies) noexcept nogil
 cdef int rehash(TreeCore *t, int64_t size) noexcept nogil
 cdef int32_t core_find(const TreeCore *t, uint64_t id) noexcept nogil
-cdef int32_t core_add(TreeCore *t, uint64_t id, const float *tight, bint into_tree) noexcept nogil
+cdef int32_t core_add(TreeCore *t, uint64_t id, const float *tight) noexcept nogil
 cdef void core_remove(TreeCore *t, int32_t proxy) noexcept nogil
 cdef bint core_move(TreeCore *t, int32_t proxy, const float *tight) noexcept nogil
 cdef int core_rebuild(TreeCore *t) noexcept nogil
@@ -129,7 +130,6 @@ cdef int64_t core_memory(const TreeCore *t) noexcept nogil
 cdef void load_box(const float *row, int32_t dims, float *out) noexcept nogil
 
 cdef int walk(const TreeCore *t, Query *q, Stack *stack, Hits *hits) noexcept nogil
-cdef int hits_push(Hits *hits, int32_t proxy, double fraction) noexcept nogil
 cdef void stack_free(Stack *stack) noexcept nogil
 cdef void hits_free(Hits *hits) noexcept nogil
 

@@ -538,8 +538,8 @@ cdef void remove_leaf(TreeCore *t, int32_t proxy) noexcept nogil:
         index = t.parents[index]
 
 
-cdef int32_t core_add(TreeCore *t, uint64_t id, const float *tight, bint into_tree) noexcept nogil:
-    """Take a free proxy for `id` (core_reserve() first); into_tree=False leaves it for a rebuild."""
+cdef int32_t core_add(TreeCore *t, uint64_t id, const float *tight) noexcept nogil:
+    """Insert a proxy for `id` into the tree (core_reserve() first) and return its index."""
     cdef int32_t proxy = t.free_proxy
     cdef Proxy *p = &t.proxies[proxy]
     t.free_proxy = p.parent
@@ -550,8 +550,7 @@ cdef int32_t core_add(TreeCore *t, uint64_t id, const float *tight, bint into_tr
     p.parent = NULL_REF
     t.proxy_count += 1
     slot_insert(t, proxy)
-    if into_tree:
-        insert_leaf(t, proxy, t.root)
+    insert_leaf(t, proxy, t.root)
     return proxy
 
 

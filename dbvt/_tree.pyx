@@ -183,7 +183,7 @@ cdef class TreeBase:
         with nogil:
             for i in range(n):
                 load_box(&rows[i, 0], self.core.dims, box)
-                out[i] = core_add(&self.core, id_view[i], box, True)
+                out[i] = core_add(&self.core, id_view[i], box)
         return proxies
 
     def get(self, ids):
