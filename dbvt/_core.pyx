@@ -364,69 +364,54 @@ cdef int32_t find_best_sibling(const TreeCore *t, const float *box, int32_t star
     cdef double inherited = 0.0
     cdef int32_t best = index
     cdef double best_cost = direct
-    cdef int32_t child1, child2
-    cdef float *box1
-    cdef float *box2
-    cdef double direct1, direct2, area1, area2, lower1, lower2, cost, d
-    cdef int i
+    cdef int32_t child[2]
+    cdef float *child_box[2]
+    cdef double child_direct[2]
+    cdef double child_area[2]
+    cdef double lower[2]
+    cdef double cost, d
+    cdef int i, k
     while index >= 0:
-        child1 = t.nodes[index].child[0]
-        child2 = t.nodes[index].child[1]
         cost = direct + inherited
         if cost <= best_cost:       # on a tie the deeper candidate keeps piles of equal boxes shallow
             best = index
             best_cost = cost
         inherited += direct - area_base
+        for k in range(2):
+            # A leaf child is a candidate itself; a node child gets a lower bound on any
+            # candidate below it.
+            child[k] = t.nodes[index].child[k]
+            child_box[k] = ref_box(t, child[k])
+            child_direct[k] = union_cost(child_box[k], box, planar)
+            child_area[k] = 0.0
+            lower[k] = INFINITY
+            if child[k] < 0:
+                if child_direct[k] + inherited < best_cost:
+                    best = child[k]
+                    best_cost = child_direct[k] + inherited
+            else:
+                child_area[k] = box_cost(child_box[k], planar)
+                lower[k] = inherited + child_direct[k] + min(area - child_area[k], 0.0)
 
-        box1 = ref_box(t, child1)
-        direct1 = union_cost(box1, box, planar)
-        lower1 = INFINITY
-        area1 = 0.0
-        if child1 < 0:
-            if direct1 + inherited < best_cost:
-                best = child1
-                best_cost = direct1 + inherited
-        else:
-            area1 = box_cost(box1, planar)
-            lower1 = inherited + direct1 + (area - area1 if area < area1 else 0.0)
-
-        box2 = ref_box(t, child2)
-        direct2 = union_cost(box2, box, planar)
-        lower2 = INFINITY
-        area2 = 0.0
-        if child2 < 0:
-            if direct2 + inherited < best_cost:
-                best = child2
-                best_cost = direct2 + inherited
-        else:
-            area2 = box_cost(box2, planar)
-            lower2 = inherited + direct2 + (area - area2 if area < area2 else 0.0)
-
-        if child1 < 0 and child2 < 0:
+        if child[0] < 0 and child[1] < 0:
             break
-        if best_cost < lower1 and best_cost < lower2:
+        if best_cost < lower[0] and best_cost < lower[1]:
             break
-        if lower1 == lower2 and child1 >= 0 and child2 >= 0:
+        if lower[0] == lower[1] and child[0] >= 0 and child[1] >= 0:
             # Both children contain the box: the nearer centre breaks the tie, then the shorter
             # subtree, so that equal and identical boxes spread out instead of building a chain.
-            lower1 = 0.0
-            lower2 = 0.0
-            for i in range(3):
-                d = (<double>box1[i] + box1[i + 3]) - (<double>box[i] + box[i + 3])
-                lower1 += d * d
-                d = (<double>box2[i] + box2[i + 3]) - (<double>box[i] + box[i + 3])
-                lower2 += d * d
-            if lower1 == lower2:
-                lower1 = t.heights[child1]
-                lower2 = t.heights[child2]
-        if lower1 < lower2 and child1 >= 0:
-            index = child1
-            area_base = area1
-            direct = direct1
-        else:
-            index = child2
-            area_base = area2
-            direct = direct2
+            for k in range(2):
+                lower[k] = 0.0
+                for i in range(3):
+                    d = (<double>child_box[k][i] + child_box[k][i + 3]) - (<double>box[i] + box[i + 3])
+                    lower[k] += d * d
+            if lower[0] == lower[1]:
+                lower[0] = t.heights[child[0]]
+                lower[1] = t.heights[child[1]]
+        k = 0 if lower[0] < lower[1] and child[0] >= 0 else 1
+        index = child[k]
+        area_base = child_area[k]
+        direct = child_direct[k]
     return best
 
 
