@@ -13,32 +13,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dbvt.reference import Broadphase as Reference
-from dbvt_client import AsyncClient, BatchResult, Client, Create, InvalidArgument, NotFound
-from servers import ServerThread
+from dbvt_client import AsyncClient, BatchResult, Create, InvalidArgument, NotFound
 from worlds import W1World, assert_same_csr, assert_same_pairs
 
 _names = (f"world-{i}" for i in itertools.count())
-
-
-@pytest.fixture(scope="module")
-def server():
-    running = ServerThread()
-    yield running
-    running.stop()
-
-
-@pytest.fixture(params=["grpc", "local"])
-def mode(request):
-    return request.param
-
-
-@pytest.fixture
-def client(mode, server):
-    made = Client(server.target) if mode == "grpc" else Client.local()
-    yield made
-    for name in made.list_worlds():
-        made.delete_world(name)
-    made.close()
 
 
 def test_world_lifecycle(client):

@@ -9,31 +9,9 @@ import numpy as np
 import pytest
 
 from dbvt.reference import Broadphase as Reference
-from dbvt_client import AsyncClient, Client, InvalidArgument
+from dbvt_client import AsyncClient, InvalidArgument
 from dbvt_proto.v1 import broadphase_pb2 as pb
-from servers import ServerThread
 from worlds import W1World, assert_same_csr, assert_same_pairs
-
-
-@pytest.fixture(scope="module")
-def server():
-    running = ServerThread()
-    yield running
-    running.stop()
-
-
-@pytest.fixture(params=["grpc", "local"])
-def mode(request):
-    return request.param
-
-
-@pytest.fixture
-def client(mode, server):
-    made = Client(server.target) if mode == "grpc" else Client.local()
-    yield made
-    for name in made.list_worlds():
-        made.delete_world(name)
-    made.close()
 
 
 def assert_no_pair_changes(result, tick: int) -> None:
