@@ -10,7 +10,7 @@ from libc.float cimport FLT_MAX
 from libc.math cimport INFINITY
 from libc.stdint cimport INT32_MAX, int32_t, int64_t, uint32_t, uint64_t
 from libc.stdlib cimport free, llabs, malloc, realloc
-from libc.string cimport memcpy
+from libc.string cimport memcpy, memset
 
 cdef extern from *:
     """
@@ -20,10 +20,23 @@ cdef extern from *:
     """
     bint DBVT_DEBUG_CHECKS
 
+cdef extern from *:
+    """
+    #if defined(__GNUC__) || defined(__clang__)
+    #define DBVT_PREFETCH(address) __builtin_prefetch(address)
+    #else
+    #define DBVT_PREFETCH(address) ((void)0)
+    #endif
+    """
+    void prefetch "DBVT_PREFETCH"(const void *address) noexcept nogil
+
 cdef enum:
     BIN_COUNT = 16              # binned SAH: enough bins to find good splits, few enough to stay in L1
     MIN_SLOTS = 16
     SMALL_SPLIT = 16            # ranges this small get an exact SAH sweep instead of bins
+    CLUSTER_SIZE = 16           # the bulk build's Morton clusters hold at most this many leaves
+    MORTON_BITS = 10            # per axis: the bulk build clusters leaves in 1024^3 Morton cells
+    MORTON_CELLS = 1 << MORTON_BITS
 
 # A reinserted leaf's new fat box also covers this many more moves of the same displacement (Box2D's
 # aabbMultiplier), so steadily moving objects are reinserted every few moves instead of every move.
@@ -592,6 +605,12 @@ cdef bint core_move(TreeCore *t, int32_t proxy, const float *tight) noexcept nog
 # ---------------------------------------------------------------------------------------------
 # Rebuild: top-down binned SAH over every live proxy (also the bulk path of an insert into an
 # empty tree). Nodes come out in depth-first order, so a walk reads the pool mostly forwards.
+#
+# The binning passes, one over every item per level, are what a plain build spends its time on. So
+# a Morton sort first groups the leaves into spatially compact clusters of at most SMALL_SPLIT, the
+# binned SAH splits the clusters (one item each), and once it reaches a single cluster, the exact SAH
+# sweep that ranges this small always get splits its leaves. Leaves whose centres share one Morton
+# cell are not clustered (their grouping would be arbitrary): each enters the binned SAH alone.
 
 ctypedef struct BuildItem:          # a leaf while building, packed so every pass reads memory in order
     float box[6]                    # 24 B  the leaf's fat box
@@ -603,11 +622,16 @@ ctypedef struct Bounds:             # what a range of items covers
     float cmin[3]                   # bounds of their centres
     float cmax[3]
 
+ctypedef struct Cluster:            # leaves[start:start + count], neighbours in Morton order
+    int64_t start
+    int64_t count
+
 ctypedef struct BuildTask:
-    int64_t start                   # the task's items are items[start:start + count]
+    int64_t start                   # the task's items are items[start:start + count]...
     int64_t count
     int32_t parent                  # node that receives the subtree, NULL_REF for the root
     int32_t slot                    # which child of parent
+    bint in_cluster                 # ...of the leaves of one cluster, else of the cluster items
     Bounds bounds
 
 ctypedef struct Bin:
@@ -623,21 +647,18 @@ cdef inline void bounds_add(Bounds *b, const BuildItem *item, bint first) noexce
         memcpy(b.cmax, item.center, sizeof(b.cmax))
         return
     union_box(b.box, b.box, item.box)
+    # Conditional moves, not branches: which centre extends the bounds is a coin toss.
     for k in range(3):
-        if item.center[k] < b.cmin[k]:
-            b.cmin[k] = item.center[k]
-        if item.center[k] > b.cmax[k]:
-            b.cmax[k] = item.center[k]
+        b.cmin[k] = item.center[k] if item.center[k] < b.cmin[k] else b.cmin[k]
+        b.cmax[k] = item.center[k] if item.center[k] > b.cmax[k] else b.cmax[k]
 
 
 cdef inline void bounds_merge(Bounds *b, const Bounds *other) noexcept nogil:
     cdef int k
     union_box(b.box, b.box, other.box)
     for k in range(3):
-        if other.cmin[k] < b.cmin[k]:
-            b.cmin[k] = other.cmin[k]
-        if other.cmax[k] > b.cmax[k]:
-            b.cmax[k] = other.cmax[k]
+        b.cmin[k] = other.cmin[k] if other.cmin[k] < b.cmin[k] else b.cmin[k]
+        b.cmax[k] = other.cmax[k] if other.cmax[k] > b.cmax[k] else b.cmax[k]
 
 
 cdef void bound_range(const BuildItem *items, int64_t start, int64_t count, Bounds *out) noexcept nogil:
@@ -660,7 +681,7 @@ cdef int64_t split_small(BuildItem *items, int64_t start, int64_t count, int axi
     """Exact SAH for a few items: sort them along the axis and try every position. Cheaper than
     binning, whose fixed cost dominates the many small ranges near the leaves."""
     cdef double suffix[SMALL_SPLIT]
-    cdef Bounds acc
+    cdef float acc[6]
     cdef BuildItem tmp
     cdef int64_t i, j, best = count // 2
     cdef double cost, best_cost = INFINITY
@@ -671,12 +692,14 @@ cdef int64_t split_small(BuildItem *items, int64_t start, int64_t count, int axi
             items[j + 1] = items[j]
             j -= 1
         items[j + 1] = tmp
+    memcpy(acc, items[start + count - 1].box, sizeof(acc))
     for i in range(count - 1, 0, -1):
-        bounds_add(&acc, &items[start + i], i == count - 1)
-        suffix[i] = box_cost(acc.box, planar) * (count - i)
+        union_box(acc, acc, items[start + i].box)
+        suffix[i] = box_cost(acc, planar) * (count - i)
+    memcpy(acc, items[start].box, sizeof(acc))
     for i in range(1, count):
-        bounds_add(&acc, &items[start + i - 1], i == 1)
-        cost = box_cost(acc.box, planar) * i + suffix[i]
+        union_box(acc, acc, items[start + i - 1].box)
+        cost = box_cost(acc, planar) * i + suffix[i]
         if cost < best_cost or (cost == best_cost and llabs(2 * i - count) < llabs(2 * best - count)):
             best_cost = cost
             best = i
@@ -771,66 +794,166 @@ cdef int64_t split_range(BuildItem *items, int64_t start, int64_t count, const B
     return n_left
 
 
-cdef void build_from_items(TreeCore *t, BuildItem *items, BuildTask *tasks, int64_t n,
-                           const uint64_t *ids, const float *rows, int32_t *row_proxies) noexcept nogil:
-    """Build the whole tree top down over `items` (n >= 1; the node pool must hold n - 1 nodes).
+cdef inline uint32_t spread_bits(uint32_t x) noexcept nogil:
+    """Bit i of a 10-bit x moved to bit 3i, so three of them interleave into a Morton code."""
+    x = (x | (x << 16)) & 0x030000FF
+    x = (x | (x << 8)) & 0x0300F00F
+    x = (x | (x << 4)) & 0x030C30C3
+    x = (x | (x << 2)) & 0x09249249
+    return x
 
-    Without `ids`, an item's ref is an existing leaf. With them (a bulk insert into an empty tree),
-    it is a row of `ids`/`rows`, and each leaf gets the next free proxy as the build reaches it, so
-    proxies are numbered in the tree's depth-first order: leaves near each other in the tree are near
-    each other in memory, and walks miss the cache far less."""
+
+cdef uint64_t *morton_sort(const BuildItem *items, int64_t n, const Bounds *all, uint64_t *keys,
+                           uint64_t *scratch) noexcept nogil:
+    """Item indices sorted by the Morton code of their centres: (code << 32 | index) keys, in
+    whichever of the two buffers the radix passes ended in. The cells are cubes (one scale for every
+    axis), so a long, flat world is cut along its long side first."""
+    cdef int64_t counts[MORTON_CELLS]
+    cdef double extent = 0.0, scale = 0.0, x
+    cdef int64_t i, total, c
+    cdef uint32_t q[3]
+    cdef int k, pass_, shift, d
+    cdef uint64_t *swap
+    for k in range(3):
+        extent = max(extent, <double>all.cmax[k] - all.cmin[k])
+    if extent > 0.0:
+        scale = MORTON_CELLS / extent
+    for i in range(n):
+        for k in range(3):
+            x = (<double>items[i].center[k] - all.cmin[k]) * scale
+            q[k] = <uint32_t>x if x < MORTON_CELLS - 1 else MORTON_CELLS - 1
+        keys[i] = (<uint64_t>(spread_bits(q[0]) << 2 | spread_bits(q[1]) << 1 | spread_bits(q[2])) << 32
+                   | <uint64_t>i)
+    # Stage 2: least significant digit first, one Morton cell's worth of bits per pass.
+    for pass_ in range(3):
+        shift = 32 + pass_ * MORTON_BITS
+        memset(counts, 0, sizeof(counts))
+        for i in range(n):
+            counts[(keys[i] >> shift) & (MORTON_CELLS - 1)] += 1
+        total = 0
+        for d in range(MORTON_CELLS):
+            c = counts[d]
+            counts[d] = total
+            total += c
+        for i in range(n):
+            d = (keys[i] >> shift) & (MORTON_CELLS - 1)
+            scratch[counts[d]] = keys[i]
+            counts[d] += 1
+        swap = keys
+        keys = scratch
+        scratch = swap
+    return keys
+
+
+cdef int64_t form_clusters(const uint64_t *keys, int64_t n, Cluster *clusters) noexcept nogil:
+    """Cut the Morton-sorted leaves into clusters of at most SMALL_SPLIT, splitting top down at the
+    highest code bit that differs (a linear BVH's splits); returns how many. A larger run of one
+    code becomes single-leaf clusters: grouping inside one cell would be arbitrary."""
+    cdef int64_t starts[64]         # each split lengthens the shared code prefix, so depth <= 30
+    cdef int64_t ends[64]
+    cdef int64_t depth = 1, count = 0, s, e, lo, hi, mid, i
+    cdef uint64_t first, last, bit
+    starts[0] = 0
+    ends[0] = n
+    while depth:
+        depth -= 1
+        s = starts[depth]
+        e = ends[depth]
+        first = keys[s] >> 32
+        last = keys[e - 1] >> 32
+        if e - s <= CLUSTER_SIZE or first == last:
+            if e - s <= CLUSTER_SIZE:
+                clusters[count].start = s
+                clusters[count].count = e - s
+                count += 1
+            else:
+                for i in range(s, e):
+                    clusters[count].start = i
+                    clusters[count].count = 1
+                    count += 1
+            continue
+        bit = first ^ last
+        while bit & (bit - 1):
+            bit &= bit - 1
+        lo = s + 1              # the first key with `bit` set lies in (s, e - 1]
+        hi = e - 1
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if (keys[mid] >> 32) & bit:
+                hi = mid
+            else:
+                lo = mid + 1
+        starts[depth] = lo
+        ends[depth] = e
+        starts[depth + 1] = s
+        ends[depth + 1] = lo
+        depth += 2
+    return count
+
+
+cdef void build_tree(TreeCore *t, BuildItem *tops, const BuildItem *leaves, const Cluster *clusters,
+                     int64_t k, BuildTask *tasks, bint new_leaves, int32_t *proxy_refs) noexcept nogil:
+    """Build the whole tree top down: binned SAH over the k cluster items `tops`, then inside each
+    cluster over its `leaves`. The node pool must hold one node less than there are leaves.
+
+    Without `new_leaves`, a leaf item's ref is an existing leaf. With it (a bulk insert into an empty
+    tree), each leaf gets the next free proxy as the build reaches it, with the fat box and the live
+    flag, and proxy_refs[proxy] = the item's ref: proxies are numbered in the tree's depth-first
+    order, so leaves near each other in the tree are near each other in memory, and walks miss the
+    cache far less."""
     cdef bint planar = t.dims == 2
     cdef BuildTask task
     cdef Bounds left, right
-    cdef int64_t i, n_tasks, n_left, row
-    cdef int32_t node, proxy, next_proxy = 0
+    cdef BuildItem *items
+    cdef const Cluster *cluster
     cdef Proxy *leaf
+    cdef int64_t i, n_tasks, n_left
+    cdef int32_t node, next_proxy = 0
 
-    # Stage 1: an empty node pool, free list in index order.
-    t.free_node = NULL_REF
-    i = t.node_capacity - 1
-    while i >= 0:
-        t.heights[i] = -1
-        t.parents[i] = t.free_node
-        t.free_node = <int32_t>i
-        i -= 1
+    # Stage 1: split top down; the left task is taken first, so nodes are numbered depth first.
     t.node_count = 0
-
-    # Stage 2: split top down; the left task is taken first, so nodes are numbered depth first.
     tasks[0].start = 0
-    tasks[0].count = n
+    tasks[0].count = k
     tasks[0].parent = NULL_REF
     tasks[0].slot = 0
-    bound_range(items, 0, n, &tasks[0].bounds)
+    tasks[0].in_cluster = False
+    bound_range(tops, 0, k, &tasks[0].bounds)
     n_tasks = 1
     while n_tasks:
         n_tasks -= 1
         task = tasks[n_tasks]
-        if task.count == 1 and ids == NULL:
+        if not task.in_cluster and task.count == 1:
+            # The binned SAH reached one cluster: go on inside it.
+            cluster = &clusters[tops[task.start].ref]
+            task.in_cluster = True
+            task.start = cluster.start
+            task.count = cluster.count
+            if task.count > 1:
+                bound_range(leaves, task.start, task.count, &task.bounds)
+        items = <BuildItem *>leaves if task.in_cluster else tops
+        if task.count == 1 and not new_leaves:
             node = items[task.start].ref
         elif task.count == 1:
-            row = items[task.start].ref
-            proxy = next_proxy
-            next_proxy += 1
-            leaf = &t.proxies[proxy]
-            load_box(rows + 2 * t.dims * row, t.dims, leaf.tight)
+            leaf = &t.proxies[next_proxy]
             memcpy(leaf.fat, items[task.start].box, sizeof(leaf.fat))
-            leaf.id = ids[row]
             leaf.flags = PROXY_LIVE
-            row_proxies[row] = proxy
-            node = ~proxy
+            proxy_refs[next_proxy] = items[task.start].ref
+            node = ~next_proxy
+            next_proxy += 1
         else:
-            node = alloc_node(t)
+            node = t.node_count         # the pool is empty: nodes are taken in index order
+            t.node_count += 1
             memcpy(t.nodes[node].box, task.bounds.box, 6 * sizeof(float))
             n_left = split_range(items, task.start, task.count, &task.bounds, &left, &right, planar)
+            tasks[n_tasks] = task
             tasks[n_tasks].start = task.start + n_left
             tasks[n_tasks].count = task.count - n_left
             tasks[n_tasks].parent = node
             tasks[n_tasks].slot = 1
             tasks[n_tasks].bounds = right
+            tasks[n_tasks + 1] = tasks[n_tasks]
             tasks[n_tasks + 1].start = task.start
             tasks[n_tasks + 1].count = n_left
-            tasks[n_tasks + 1].parent = node
             tasks[n_tasks + 1].slot = 0
             tasks[n_tasks + 1].bounds = left
             n_tasks += 2
@@ -840,18 +963,81 @@ cdef void build_from_items(TreeCore *t, BuildItem *items, BuildTask *tasks, int6
         else:
             t.nodes[task.parent].child[task.slot] = node
 
-    # Stage 3: heights, children before parents (they were numbered after them).
+    # Stage 2: heights, children before parents (they were numbered after them), and the unused
+    # rest of the pool on the free list, lowest first.
     i = t.node_count - 1
     while i >= 0:
         t.heights[i] = 1 + max(ref_height(t, t.nodes[i].child[0]), ref_height(t, t.nodes[i].child[1]))
         i -= 1
+    t.free_node = NULL_REF
+    i = t.node_capacity - 1
+    while i >= t.node_count:
+        t.heights[i] = -1
+        t.parents[i] = t.free_node
+        t.free_node = <int32_t>i
+        i -= 1
+
+
+cdef int build_from_items(TreeCore *t, const BuildItem *items, int64_t n, const uint64_t *ids,
+                          const float *rows, int32_t *row_proxies) noexcept nogil:
+    """Cluster `items` (n >= 1) and build the tree over them; see build_tree(). With `ids`, an
+    item's ref is a row of `ids`/`rows`, which becomes a new proxy; row_proxies[row] gets it.
+    Returns -1, with the tree untouched, when memory runs out."""
+    cdef uint64_t *keys = <uint64_t *>malloc(n * sizeof(uint64_t))
+    cdef uint64_t *scratch = <uint64_t *>malloc(n * sizeof(uint64_t))
+    cdef uint64_t *order
+    cdef int32_t *proxy_rows
+    cdef BuildItem *leaves = <BuildItem *>malloc(n * sizeof(BuildItem))
+    cdef BuildItem *tops = <BuildItem *>malloc(n * sizeof(BuildItem))
+    cdef Cluster *clusters = <Cluster *>malloc(n * sizeof(Cluster))
+    cdef BuildTask *tasks = <BuildTask *>malloc((n + 1) * sizeof(BuildTask))
+    cdef Bounds all, bounds
+    cdef int64_t i, k, row
+    cdef int j, status = -1
+    if keys != NULL and scratch != NULL and leaves != NULL and tops != NULL and clusters != NULL and tasks != NULL:
+        status = 0
+        # Stage 1: the leaves in Morton order, cut into clusters.
+        bound_range(items, 0, n, &all)
+        order = morton_sort(items, n, &all, keys, scratch)
+        for i in range(n):
+            if i + 8 < n:
+                prefetch(&items[<uint32_t>order[i + 8]])
+            leaves[i] = items[<uint32_t>order[i]]
+        k = form_clusters(order, n, clusters)
+        # Stage 2: one item per cluster for the binned SAH: its box, centred where the box is.
+        for i in range(k):
+            bound_range(leaves, clusters[i].start, clusters[i].count, &bounds)
+            memcpy(tops[i].box, bounds.box, sizeof(bounds.box))
+            for j in range(3):
+                tops[i].center[j] = 0.5 * bounds.box[j] + 0.5 * bounds.box[j + 3]
+            tops[i].ref = <int32_t>i
+        # Stage 3: the tree. New proxies learn their rows (into the keys' buffer, free again), and
+        # their tight boxes and ids come after, in proxy order, fetched ahead: the rows are random.
+        proxy_rows = <int32_t *>keys
+        build_tree(t, tops, leaves, clusters, k, tasks, ids != NULL, proxy_rows)
+        if ids != NULL:
+            for i in range(n):
+                if i + 8 < n:
+                    prefetch(rows + 2 * t.dims * proxy_rows[i + 8])
+                    prefetch(&ids[proxy_rows[i + 8]])
+                row = proxy_rows[i]
+                load_box(rows + 2 * t.dims * row, t.dims, t.proxies[i].tight)
+                t.proxies[i].id = ids[row]
+                row_proxies[row] = <int32_t>i
+    free(keys)
+    free(scratch)
+    free(leaves)
+    free(tops)
+    free(clusters)
+    free(tasks)
+    return status
 
 
 cdef int core_rebuild(TreeCore *t) noexcept nogil:
     cdef int64_t n = t.proxy_count, k = 0
     cdef BuildItem *items
-    cdef BuildTask *tasks
     cdef int32_t p, i
+    cdef int status
     cdef float *fat
     if n == 0:
         t.root = NULL_REF
@@ -859,10 +1045,7 @@ cdef int core_rebuild(TreeCore *t) noexcept nogil:
     if n - 1 > t.node_capacity and grow_nodes(t, n - 1) != 0:
         return -1
     items = <BuildItem *>malloc(n * sizeof(BuildItem))
-    tasks = <BuildTask *>malloc(n * sizeof(BuildTask))
-    if items == NULL or tasks == NULL:
-        free(items)
-        free(tasks)
+    if items == NULL:
         return -1
     for p in range(t.proxy_capacity):
         if t.proxies[p].flags & PROXY_LIVE:
@@ -872,10 +1055,9 @@ cdef int core_rebuild(TreeCore *t) noexcept nogil:
                 items[k].center[i] = 0.5 * fat[i] + 0.5 * fat[i + 3]
             items[k].ref = ~p
             k += 1
-    build_from_items(t, items, tasks, n, NULL, NULL, NULL)
+    status = build_from_items(t, items, n, NULL, NULL, NULL)
     free(items)
-    free(tasks)
-    return 0
+    return status
 
 
 cdef int core_bulk_insert(TreeCore *t, const uint64_t *ids, const float *rows, int64_t n,
@@ -883,15 +1065,11 @@ cdef int core_bulk_insert(TreeCore *t, const uint64_t *ids, const float *rows, i
     """Fill an empty tree (core_reserve(n) first) with one binned-SAH build; row_proxies[i] gets
     row i's proxy. Fails only for memory, before anything changed."""
     cdef BuildItem *items
-    cdef BuildTask *tasks
     cdef float tight[6]
     cdef int64_t i
     cdef int k
     items = <BuildItem *>malloc(n * sizeof(BuildItem))
-    tasks = <BuildTask *>malloc(n * sizeof(BuildTask))
-    if items == NULL or tasks == NULL:
-        free(items)
-        free(tasks)
+    if items == NULL:
         return -1
     for i in range(n):
         load_box(rows + 2 * t.dims * i, t.dims, tight)
@@ -899,9 +1077,10 @@ cdef int core_bulk_insert(TreeCore *t, const uint64_t *ids, const float *rows, i
         for k in range(3):
             items[i].center[k] = 0.5 * items[i].box[k] + 0.5 * items[i].box[k + 3]
         items[i].ref = <int32_t>i
-    build_from_items(t, items, tasks, n, ids, rows, row_proxies)
+    if build_from_items(t, items, n, ids, rows, row_proxies) != 0:
+        free(items)
+        return -1
     free(items)
-    free(tasks)
     # The build used proxies 0..n-1; the rest of the pool is free, lowest first.
     t.free_proxy = NULL_REF
     i = t.proxy_capacity - 1
@@ -912,6 +1091,8 @@ cdef int core_bulk_insert(TreeCore *t, const uint64_t *ids, const float *rows, i
         i -= 1
     t.proxy_count = <int32_t>n
     for i in range(n):
+        if i + 8 < n:
+            prefetch(&t.slots[mix64(t.proxies[i + 8].id) & t.slot_mask])
         slot_insert(t, <int32_t>i)
     return 0
 
