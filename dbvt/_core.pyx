@@ -562,7 +562,8 @@ cdef void core_remove(TreeCore *t, int32_t proxy) noexcept nogil:
 
 
 cdef bint core_move(TreeCore *t, int32_t proxy, const float *tight) noexcept nogil:
-    """Give a proxy a new tight box; reinsert it only when the box left its fat box."""
+    """Give a proxy a new tight box; True when it left its fat box and got a new one (in place when
+    the parent's box holds that, else reinserted)."""
     cdef Proxy *p = &t.proxies[proxy]
     cdef float shift, limit
     cdef float fat[6]
@@ -585,6 +586,14 @@ cdef bint core_move(TreeCore *t, int32_t proxy, const float *tight) noexcept nog
             fat[i] = clamp_finite(fat[i] + shift)
         else:
             fat[i + 3] = clamp_finite(fat[i + 3] + shift)
+    if p.parent != NULL_REF and box_contains(t.nodes[p.parent].box, fat):
+        # Still inside its parent's box: the leaf keeps its place and its ancestors only shrink.
+        memcpy(p.tight, tight, 6 * sizeof(float))
+        memcpy(p.fat, fat, 6 * sizeof(float))
+        start = p.parent
+        while start != NULL_REF and refit(t, start):
+            start = t.parents[start]
+        return True
     # Moves are mostly short: the lowest ancestor above the leaf's parent (which the removal frees)
     # that still holds the new box bounds the search, so the tree above it is left untouched.
     start = NULL_REF
