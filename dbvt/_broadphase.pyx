@@ -21,7 +21,7 @@ from dbvt._core cimport (
     PROXY_LIVE, PROXY_MOVED, PROXY_REFAT, PROXY_STATIC, QUERY_FAT_BOX, Hits, IdPair, PairBuffer, Query, Stack, TreeCore,
     core_move, core_remove, core_reserve, hits_free, load_box, pair_allowed, stack_free, walk,
 )
-from dbvt._tree cimport TreeBase, pair_array
+from dbvt._tree cimport TreeBase, pair_array, prefetch_move
 
 # pair tracking on, moved count, pending ended count, partner total
 _STATE = struct.Struct("<qqqq")
@@ -263,6 +263,7 @@ cdef class Broadphase(TreeBase):
         self._reserve(0, n)
         with nogil:
             for i in range(n):
+                prefetch_move(&self.core, &proxies[0], &order[0], i, n)
                 row = order[i]
                 load_box(&rows[row, 0], self.core.dims, box)
                 refat = core_move(&self.core, proxies[row], box)

@@ -6,6 +6,16 @@
 # touches Python objects.
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 
+cdef extern from *:
+    """
+    #if defined(__GNUC__) || defined(__clang__)
+    #define DBVT_PREFETCH(address) __builtin_prefetch(address)
+    #else
+    #define DBVT_PREFETCH(address) ((void)0)
+    #endif
+    """
+    void prefetch "DBVT_PREFETCH"(const void *address) noexcept nogil
+
 cdef enum:
     NULL_REF = -2147483647 - 1     # no node; leaves are ~proxy (< 0), so the null must lie outside
     MAX_PLANES = 32
@@ -117,6 +127,8 @@ cdef void core_free(TreeCore *t) noexcept nogil
 cdef int core_reserve(TreeCore *t, int64_t extra_proxies) noexcept nogil
 cdef int rehash(TreeCore *t, int64_t size) noexcept nogil
 cdef int32_t core_find(const TreeCore *t, uint64_t id) noexcept nogil
+cdef void core_prefetch_find(const TreeCore *t, uint64_t id, bint proxy) noexcept nogil
+cdef void core_prefetch_move(const TreeCore *t, int32_t proxy, bint parent) noexcept nogil
 cdef int32_t core_add(TreeCore *t, uint64_t id, const float *tight) noexcept nogil
 cdef void core_remove(TreeCore *t, int32_t proxy) noexcept nogil
 cdef bint core_move(TreeCore *t, int32_t proxy, const float *tight) noexcept nogil

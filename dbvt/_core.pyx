@@ -20,16 +20,6 @@ cdef extern from *:
     """
     bint DBVT_DEBUG_CHECKS
 
-cdef extern from *:
-    """
-    #if defined(__GNUC__) || defined(__clang__)
-    #define DBVT_PREFETCH(address) __builtin_prefetch(address)
-    #else
-    #define DBVT_PREFETCH(address) ((void)0)
-    #endif
-    """
-    void prefetch "DBVT_PREFETCH"(const void *address) noexcept nogil
-
 cdef enum:
     BIN_COUNT = 16              # binned SAH: enough bins to find good splits, few enough to stay in L1
     MIN_SLOTS = 16
@@ -330,6 +320,29 @@ cdef int32_t core_find(const TreeCore *t, uint64_t id) noexcept nogil:
         if proxy < 0 or t.proxies[proxy].id == id:
             return proxy
         i = (i + 1) & t.slot_mask
+
+
+cdef void core_prefetch_find(const TreeCore *t, uint64_t id, bint proxy) noexcept nogil:
+    """Start fetching what core_find(id) reads: its first slot, or, with `proxy` (once that slot is
+    cached), the proxy it names. A batch of lookups calls this rows ahead: ids are random, so every
+    lookup would otherwise wait for two cache misses in turn."""
+    cdef int64_t i
+    if t.slots == NULL:
+        return
+    i = mix64(id) & t.slot_mask
+    if not proxy:
+        prefetch(&t.slots[i])
+    elif t.slots[i] >= 0:
+        prefetch(&t.proxies[t.slots[i]])
+
+
+cdef void core_prefetch_move(const TreeCore *t, int32_t proxy, bint parent) noexcept nogil:
+    """Start fetching what core_move(proxy) reads: the proxy, or, with `parent` (once the proxy is
+    cached), the node above it."""
+    if not parent:
+        prefetch(&t.proxies[proxy])
+    elif t.proxies[proxy].parent >= 0:
+        prefetch(&t.nodes[t.proxies[proxy].parent])
 
 
 cdef inline int64_t grown(int64_t have, int64_t need) noexcept nogil:

@@ -15,7 +15,8 @@ from dbvt._batch cimport batch_free, pairs_free, run_boxes, run_frusta, run_segm
 from dbvt._core cimport (
     PROXY_FLAGS, PROXY_LIVE, PROXY_SEEN, Batch, IdPair, Node, PairBuffer, Proxy, Query, TreeCore,
     core_add, core_area_ratio, core_bulk_insert, core_check, core_find, core_free, core_height, core_init,
-    core_memory, core_move, core_rebuild, core_remove, core_reserve, load_box, rehash,
+    core_memory, core_move, core_prefetch_find, core_prefetch_move, core_rebuild, core_remove, core_reserve,
+    load_box, rehash,
 )
 
 cdef extern from *:
@@ -107,6 +108,10 @@ cdef class TreeBase:
         cdef int32_t[::1] out = proxies
         with nogil:
             for i in range(n):
+                if i + 2 * PREFETCH_AHEAD < n:
+                    core_prefetch_find(&self.core, id_view[i + 2 * PREFETCH_AHEAD], False)
+                if i + PREFETCH_AHEAD < n:
+                    core_prefetch_find(&self.core, id_view[i + PREFETCH_AHEAD], True)
                 proxy = core_find(&self.core, id_view[i])
                 if proxy < 0 or self.core.proxies[proxy].flags & PROXY_SEEN:
                     bad = i
@@ -403,6 +408,7 @@ cdef class Tree(TreeBase):
         cdef float box[6]
         with nogil:
             for i in range(n):
+                prefetch_move(&self.core, &proxies[0], &order[0], i, n)
                 row = order[i]
                 load_box(&rows[row, 0], self.core.dims, box)
                 moved += core_move(&self.core, proxies[row], box)
