@@ -19,9 +19,9 @@ from dbvt import validation
 from dbvt._batch cimport pairs_free, pairs_push, self_pairs, sort_int32, sort_pairs
 from dbvt._core cimport (
     PROXY_LIVE, PROXY_MOVED, PROXY_REFAT, PROXY_STATIC, QUERY_FAT_BOX, Hits, IdPair, PairBuffer, Query, Stack, TreeCore,
-    core_move, core_remove, core_reserve, hits_free, load_box, pair_allowed, stack_free, walk,
+    core_move, core_remove, core_reserve, hits_free, load_box, pair_allowed, prefetch, stack_free, walk,
 )
-from dbvt._tree cimport TreeBase, pair_array, prefetch_move
+from dbvt._tree cimport PREFETCH_AHEAD, TreeBase, pair_array, prefetch_move
 
 # pair tracking on, moved count, pending ended count, partner total
 _STATE = struct.Struct("<qqqq")
@@ -97,6 +97,24 @@ cdef void partners_erase(Partners *p, int32_t other) noexcept nogil:
     while i < p.count:
         p.items[i] = p.items[i + 1]
         i += 1
+
+
+cdef inline void prefetch_partners(const TreeCore *t, const Partners *partners, const int32_t *moved,
+                                   int64_t m, int64_t count) noexcept nogil:
+    """Before re-testing moved[m]: fetch, for moves further on, a partner list's header, then its
+    entries, then the partners' proxies (three misses in a row, each waiting for the one before)."""
+    cdef const Partners *p
+    cdef int32_t k
+    if m + 3 * PREFETCH_AHEAD < count:
+        prefetch(&partners[moved[m + 3 * PREFETCH_AHEAD]])
+    if m + 2 * PREFETCH_AHEAD < count:
+        p = &partners[moved[m + 2 * PREFETCH_AHEAD]]
+        if p.count:
+            prefetch(p.items)
+    if m + PREFETCH_AHEAD < count:
+        p = &partners[moved[m + PREFETCH_AHEAD]]
+        for k in range(min(p.count, 4)):
+            prefetch(&t.proxies[p.items[k] >> 1])
 
 
 cdef int cancel_common(PairBuffer *begun, PairBuffer *ended) noexcept nogil:
@@ -337,6 +355,7 @@ cdef class Broadphase(TreeBase):
         stack_free(&stack)
         hits_free(&hits)
         for m in range(self.moved_count):
+            prefetch_partners(&self.core, self.partners, self.moved, m, self.moved_count)
             if status == 0:
                 status = self._retest(self.moved[m], begun, ended)
         if status == 0:
