@@ -2,8 +2,8 @@
 """`dbvt.Broadphase`: a Tree that remembers which proxies overlap and reports what changed.
 
 As in Box2D, each proxy keeps a sorted list of the proxies whose *fat* boxes overlap its own, each
-marked with whether the *tight* boxes touch. Fat boxes only change when a leaf is reinserted, so an
-update() queries the tree only for reinserted proxies; every other moved proxy just re-tests its
+marked with whether the *tight* boxes touch. Fat boxes only change when a tight box leaves its own,
+so an update() queries the tree only for those proxies; every other moved proxy just re-tests its
 few listed partners' tight boxes. A destroy touches only that proxy's list.
 """
 from libc.stdint cimport int32_t, int64_t, uint32_t
@@ -267,7 +267,7 @@ cdef class Broadphase(TreeBase):
         self._after_change()
 
     def move(self, ids, boxes):
-        """Give proxies new tight boxes; returns how many were reinserted in the tree."""
+        """Give proxies new tight boxes; returns how many left their fat box (and got a new one)."""
         id_arr = validation.as_ids(ids)
         cdef const float[:, ::1] rows = validation.as_boxes(boxes, self.core.dims, len(id_arr))
         proxy_arr = self._existing(id_arr)
@@ -275,7 +275,7 @@ cdef class Broadphase(TreeBase):
         # In proxy order, which follows the tree's after a build: neighbouring edits share paths.
         cdef int64_t[::1] order = np.argsort(proxy_arr)
         cdef Py_ssize_t n = proxies.shape[0], i, row
-        cdef int64_t reinserted = 0
+        cdef int64_t refattened = 0
         cdef bint refat
         cdef float box[6]
         self._reserve(0, n)
@@ -285,10 +285,10 @@ cdef class Broadphase(TreeBase):
                 row = order[i]
                 load_box(&rows[row, 0], self.core.dims, box)
                 refat = core_move(&self.core, proxies[row], box)
-                reinserted += refat
+                refattened += refat
                 self._mark_moved(proxies[row], refat)
         self._after_change()
-        return reinserted
+        return refattened
 
     def destroy(self, ids):
         """Remove proxies; their pairs are reported ended by the next update()."""
@@ -338,7 +338,7 @@ cdef class Broadphase(TreeBase):
         return pair_array(&begun), pair_array(&ended)
 
     cdef int _track(self, PairBuffer *begun, PairBuffer *ended) noexcept nogil:
-        """Stage 1 refreshes the fat partners of reinserted proxies, stage 2 re-tests the tight
+        """Stage 1 refreshes the fat partners of proxies with new fat boxes, stage 2 re-tests the tight
         boxes of every moved proxy against its partners; the flips are the events."""
         cdef int64_t m
         cdef int status = 0
@@ -363,7 +363,7 @@ cdef class Broadphase(TreeBase):
         return status
 
     cdef int _refresh_partners(self, int32_t proxy, Stack *stack, Hits *hits, PairBuffer *ended) noexcept nogil:
-        """Replace a reinserted proxy's partner list by the proxies its new fat box overlaps."""
+        """Replace the partner list of a proxy with a new fat box by the proxies that box overlaps."""
         cdef TreeCore *t = &self.core
         cdef Partners *mine = &self.partners[proxy]
         cdef Query q

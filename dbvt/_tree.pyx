@@ -396,7 +396,7 @@ cdef class Tree(TreeBase):
         self._after_change()
 
     def update(self, ids, boxes):
-        """Give proxies new tight boxes; returns how many left their fat box and were reinserted."""
+        """Give proxies new tight boxes; returns how many left their fat box (and got a new one)."""
         id_arr = validation.as_ids(ids)
         cdef const float[:, ::1] rows = validation.as_boxes(boxes, self.core.dims, len(id_arr))
         proxy_arr = self._existing(id_arr)

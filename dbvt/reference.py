@@ -243,8 +243,9 @@ def _save_arrays(**arrays) -> bytes:
 
 
 class _Structure:
-    """What Tree and Broadphase share: tight boxes by id, the four queries, and fat boxes, which are
-    modelled only to count the reinsertions that `Tree.update` and `Broadphase.move` report."""
+    """What Tree and Broadphase share: tight boxes by id, the four queries, and fat boxes, modelled only
+    so that `update`/`move` return the same kind of count (moves that left their fat box). The core
+    also stretches a new fat box along the move, so its counts are often lower than this twin's."""
 
     _kind = ""
 
