@@ -47,13 +47,18 @@ cdef float PREDICTION_STEPS = 3.0
 cdef inline double box_cost(const float *b, bint planar) noexcept nogil:
     """Half the surface area (3-D) or half the perimeter (2-D): the SAH's measure of a box. In 3-D a
     vanishing share of the squared edge sum keeps flat and point-like boxes (zero area) apart.
-    Double precision: extents of finite float32 boxes can overflow float32, never double."""
-    cdef double dx = <double>b[3] - b[0]
-    cdef double dy = <double>b[4] - b[1]
-    cdef double dz = <double>b[5] - b[2]
+    Single precision, which is what insertion spends its time on; a box too large for float32's
+    range costs FLT_MAX, so sums and differences of costs stay finite."""
+    cdef float dx = b[3] - b[0]
+    cdef float dy = b[4] - b[1]
+    cdef float dz = b[5] - b[2]
+    cdef float s = dx + dy + dz
+    cdef float cost
     if planar:
-        return dx + dy
-    return dx * dy + dy * dz + dz * dx + 1e-6 * (dx + dy + dz) * (dx + dy + dz)
+        cost = dx + dy
+    else:
+        cost = dx * dy + dy * dz + dz * dx + <float>1e-6 * s * s
+    return cost if cost < FLT_MAX else FLT_MAX
 
 
 cdef inline void union_box(float *out, const float *a, const float *b) noexcept nogil:
