@@ -187,6 +187,8 @@ cdef class TreeBase:
             return proxies
         with nogil:
             for i in range(n):
+                if i + PREFETCH_AHEAD < n:
+                    core_prefetch_find(&self.core, id_view[i + PREFETCH_AHEAD], False)
                 load_box(&rows[i, 0], self.core.dims, box)
                 out[i] = core_add(&self.core, id_view[i], box)
         return proxies
