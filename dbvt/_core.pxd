@@ -84,6 +84,8 @@ ctypedef struct TreeCore:
     int32_t *parents                # per node: the node above, NULL_REF at the root; next free node when
                                     # free. Kept apart with heights: only edits need them, walks don't
     int32_t *heights                # per node: 1 + the taller child's height (leaves are 0); -1 when free
+    float *costs                    # per node: box_cost() of its box, which every insertion's descent
+                                    # weighs at each level; kept with the box (not serialised)
     int32_t node_capacity
     int32_t node_count              # nodes in use
     int32_t free_node               # head of the free list through Node.parent
@@ -140,6 +142,7 @@ cdef double core_area_ratio(const TreeCore *t) noexcept nogil
 cdef int32_t core_height(const TreeCore *t) noexcept nogil
 cdef int64_t core_memory(const TreeCore *t) noexcept nogil
 cdef void load_box(const float *row, int32_t dims, float *out) noexcept nogil
+cdef void cache_costs(TreeCore *t) noexcept nogil
 
 cdef int walk(const TreeCore *t, Query *q, Stack *stack, Hits *hits) noexcept nogil
 cdef void stack_free(Stack *stack) noexcept nogil

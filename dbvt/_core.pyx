@@ -93,6 +93,14 @@ cdef void load_box(const float *row, int32_t dims, float *out) noexcept nogil:
         out[3] = row[2]; out[4] = row[3]; out[5] = 0.0
 
 
+cdef void cache_costs(TreeCore *t) noexcept nogil:
+    """Fill `costs` for every node in use (after loading a serialised tree, which leaves them out)."""
+    cdef int32_t i
+    for i in range(t.node_capacity):
+        if t.heights[i] > 0:
+            t.costs[i] = box_cost(t.nodes[i].box, t.dims == 2)
+
+
 cdef inline void store_box(const float *box, int32_t dims, float *row) noexcept nogil:
     if dims == 3:
         memcpy(row, box, 6 * sizeof(float))
@@ -163,6 +171,7 @@ cdef inline bint refit(TreeCore *t, int32_t index) noexcept nogil:
     if height == t.heights[index] and box_contains(node.box, box) and box_contains(box, node.box):
         return False
     memcpy(node.box, box, sizeof(box))
+    t.costs[index] = box_cost(box, t.dims == 2)
     t.heights[index] = height
     return True
 
@@ -185,6 +194,7 @@ cdef int core_init(TreeCore *t, int32_t dims, float margin) noexcept nogil:
     t.nodes = NULL
     t.parents = NULL
     t.heights = NULL
+    t.costs = NULL
     t.node_capacity = 0
     t.node_count = 0
     t.free_node = NULL_REF
@@ -204,11 +214,13 @@ cdef void core_free(TreeCore *t) noexcept nogil:
     free(t.nodes)
     free(t.parents)
     free(t.heights)
+    free(t.costs)
     free(t.proxies)
     free(t.slots)
     t.nodes = NULL
     t.parents = NULL
     t.heights = NULL
+    t.costs = NULL
     t.proxies = NULL
     t.slots = NULL
     t.node_capacity = t.proxy_capacity = 0
@@ -233,6 +245,10 @@ cdef int grow_nodes(TreeCore *t, int64_t capacity) noexcept nogil:
     if grown == NULL:
         return -1
     t.heights = <int32_t *>grown
+    grown = realloc(t.costs, capacity * sizeof(float))
+    if grown == NULL:
+        return -1
+    t.costs = <float *>grown
     # New slots go on the free list lowest index first, so fresh trees are laid out in order.
     i = capacity - 1
     while i >= t.node_capacity:
@@ -394,7 +410,7 @@ cdef int32_t find_best_sibling(const TreeCore *t, const float *box, int32_t star
     cdef bint planar = t.dims == 2
     cdef double area = box_cost(box, planar)
     cdef int32_t index = start
-    cdef double area_base = box_cost(ref_box(t, index), planar)
+    cdef double area_base = t.costs[index] if index >= 0 else box_cost(ref_box(t, index), planar)
     cdef double direct = union_cost(ref_box(t, index), box, planar)
     cdef double inherited = 0.0
     cdef int32_t best = index
@@ -425,7 +441,7 @@ cdef int32_t find_best_sibling(const TreeCore *t, const float *box, int32_t star
                     best = child[k]
                     best_cost = child_direct[k] + inherited
             else:
-                child_area[k] = box_cost(child_box[k], planar)
+                child_area[k] = t.costs[child[k]]
                 lower[k] = inherited + child_direct[k] + min(area - child_area[k], 0.0)
 
         if child[0] < 0 and child[1] < 0:
@@ -476,7 +492,7 @@ cdef void rotate(TreeCore *t, int32_t a) noexcept nogil:
                              1 + max(ref_height(t, down), ref_height(t, keep)))
             if height > t.heights[a]:
                 continue
-            gain = box_cost(t.nodes[mid].box, planar) - union_cost(ref_box(t, down), ref_box(t, keep), planar)
+            gain = t.costs[mid] - union_cost(ref_box(t, down), ref_box(t, keep), planar)
             worst_gain = min(worst_gain, gain)
             if gain > best_gain:
                 best_gain = gain
@@ -525,6 +541,7 @@ cdef void insert_leaf(TreeCore *t, int32_t proxy, int32_t start) noexcept nogil:
     old_parent = ref_parent(t, sibling)
     parent = alloc_node(t)
     union_box(t.nodes[parent].box, fat, ref_box(t, sibling))
+    t.costs[parent] = box_cost(t.nodes[parent].box, t.dims == 2)
     t.nodes[parent].child[0] = sibling
     t.nodes[parent].child[1] = leaf
     t.heights[parent] = 1 + ref_height(t, sibling)
@@ -1000,6 +1017,7 @@ cdef void build_tree(TreeCore *t, BuildItem *tops, const BuildItem *leaves, cons
     i = t.node_count - 1
     while i >= 0:
         t.heights[i] = 1 + max(ref_height(t, t.nodes[i].child[0]), ref_height(t, t.nodes[i].child[1]))
+        t.costs[i] = box_cost(t.nodes[i].box, planar)
         i -= 1
     t.free_node = NULL_REF
     i = t.node_capacity - 1
@@ -1475,6 +1493,8 @@ cdef const char *core_check(const TreeCore *t) noexcept nogil:
             top += 1
         if problem == NULL and t.heights[ref] != 1 + max(ref_height(t, node.child[0]), ref_height(t, node.child[1])):
             problem = b"a node height is wrong"
+        if problem == NULL and t.costs[ref] != box_cost(node.box, t.dims == 2):
+            problem = b"a node's cached SAH cost is stale"
     free(stack)
     if problem != NULL:
         return problem
@@ -1503,7 +1523,7 @@ cdef int32_t core_height(const TreeCore *t) noexcept nogil:
 
 
 cdef int64_t core_memory(const TreeCore *t) noexcept nogil:
-    return (<int64_t>t.node_capacity * (sizeof(Node) + 2 * sizeof(int32_t))
+    return (<int64_t>t.node_capacity * (sizeof(Node) + 2 * sizeof(int32_t) + sizeof(float))
             + <int64_t>t.proxy_capacity * sizeof(Proxy)
             + (t.slot_mask + 1) * sizeof(int32_t))
 

@@ -14,9 +14,9 @@ from dbvt import validation
 from dbvt._batch cimport batch_free, pairs_free, run_boxes, run_frusta, run_segments, run_spheres, self_pairs
 from dbvt._core cimport (
     PROXY_FLAGS, PROXY_LIVE, PROXY_SEEN, Batch, IdPair, Node, PairBuffer, Proxy, Query, TreeCore,
-    core_add, core_area_ratio, core_bulk_insert, core_check, core_find, core_free, core_height, core_init,
-    core_memory, core_move, core_prefetch_find, core_prefetch_move, core_rebuild, core_remove, core_reserve,
-    load_box, rehash,
+    cache_costs, core_add, core_area_ratio, core_bulk_insert, core_check, core_find, core_free, core_height,
+    core_init, core_memory, core_move, core_prefetch_find, core_prefetch_move, core_rebuild, core_remove,
+    core_reserve, load_box, rehash,
 )
 
 cdef extern from *:
@@ -341,8 +341,9 @@ cdef class TreeBase:
         t.nodes = <Node *>malloc(node_capacity * sizeof(Node) + 1)
         t.parents = <int32_t *>malloc(node_capacity * sizeof(int32_t) + 1)
         t.heights = <int32_t *>malloc(node_capacity * sizeof(int32_t) + 1)
+        t.costs = <float *>malloc(node_capacity * sizeof(float) + 1)
         t.proxies = <Proxy *>malloc(proxy_bytes if proxy_bytes else 1)
-        if t.nodes == NULL or t.parents == NULL or t.heights == NULL or t.proxies == NULL:
+        if t.nodes == NULL or t.parents == NULL or t.heights == NULL or t.costs == NULL or t.proxies == NULL:
             raise MemoryError()
         cdef Py_ssize_t parents_at = size + node_capacity * sizeof(Node)
         cdef Py_ssize_t heights_at = parents_at + node_capacity * sizeof(int32_t)
@@ -353,6 +354,7 @@ cdef class TreeBase:
         if proxy_bytes:
             memcpy(t.proxies, &data[size + node_bytes], proxy_bytes)
         t.node_capacity, t.node_count, t.free_node = node_capacity, node_count, free_node
+        cache_costs(t)
         t.proxy_capacity, t.proxy_count, t.free_proxy, t.root = proxy_capacity, proxy_count, free_proxy, root
         live = 0
         for i in range(proxy_capacity):
