@@ -433,6 +433,10 @@ cdef int32_t find_best_sibling(const TreeCore *t, const float *box, int32_t star
             # candidate below it.
             child[k] = t.nodes[index].child[k]
             child_box[k] = ref_box(t, child[k])
+            if child[k] >= 0:
+                # The next level reads one of these four boxes: start fetching them all now.
+                prefetch(ref_box(t, t.nodes[child[k]].child[0]))
+                prefetch(ref_box(t, t.nodes[child[k]].child[1]))
             child_direct[k] = union_cost(child_box[k], box, planar)
             child_area[k] = 0.0
             lower[k] = INFINITY
