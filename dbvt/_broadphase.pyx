@@ -19,7 +19,8 @@ from dbvt import validation
 from dbvt._batch cimport pairs_free, pairs_push, self_pairs, sort_int32, sort_pairs
 from dbvt._core cimport (
     PROXY_LIVE, PROXY_MOVED, PROXY_REFAT, PROXY_STATIC, QUERY_FAT_BOX, Hits, IdPair, PairBuffer, Query, Stack, TreeCore,
-    core_move, core_remove, core_reserve, hits_free, load_box, pair_allowed, prefetch, stack_free, walk,
+    boxes_overlap, core_move, core_remove, core_reserve, hits_free, load_box, pair_allowed, prefetch, stack_free,
+    walk,
 )
 from dbvt._tree cimport PREFETCH_AHEAD, TreeBase, pair_array, prefetch_move
 
@@ -36,13 +37,8 @@ cdef enum:
     TOUCHING = 1                    # the tight boxes overlap: the pair exists for the user
 
 
-cdef inline bint boxes_touch(const float *x, const float *y) noexcept nogil:
-    return (x[0] <= y[3] and y[0] <= x[3] and x[1] <= y[4] and y[1] <= x[4]
-            and x[2] <= y[5] and y[2] <= x[5])
-
-
 cdef inline bint tight_overlap(const TreeCore *t, int32_t a, int32_t b) noexcept nogil:
-    return boxes_touch(t.proxies[a].tight, t.proxies[b].tight)
+    return boxes_overlap(t.proxies[a].tight, t.proxies[b].tight)
 
 
 cdef inline int32_t *partners_find(const Partners *p, int32_t other) noexcept nogil:
@@ -532,7 +528,7 @@ cdef class Broadphase(TreeBase):
                     raise RuntimeError("dbvt invariant broken: a pair is listed differently on its two sides")
                 if settled and (entry & TOUCHING) != tight_overlap(t, proxy, other):
                     raise RuntimeError("dbvt invariant broken: a touching bit disagrees with the tight boxes")
-                if settled and not boxes_touch(t.proxies[proxy].fat, t.proxies[other].fat):
+                if settled and not boxes_overlap(t.proxies[proxy].fat, t.proxies[other].fat):
                     raise RuntimeError("dbvt invariant broken: listed partners' fat boxes do not overlap")
                 listed += 1
                 touching += entry & TOUCHING

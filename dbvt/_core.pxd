@@ -4,6 +4,7 @@
 # Exception contract: functions returning `int` return 0 on success and -1 when memory ran out (the
 # caller raises MemoryError after leaving nogil); `void` functions cannot fail. No function here
 # touches Python objects.
+from libc.float cimport FLT_MAX
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 
 cdef extern from *:
@@ -155,3 +156,59 @@ cdef inline bint pair_allowed(const TreeCore *t, const uint32_t *groups, const u
     if t.proxies[a].flags & t.proxies[b].flags & PROXY_STATIC:
         return False
     return (groups[a] & masks[b]) != 0 and (groups[b] & masks[a]) != 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Boxes: float[6] = min x y z, max x y z; 2-D boxes have z = [0, 0]. Only min/max and monotone
+# arithmetic touch stored bounds, so a parent always contains its children.
+
+cdef inline double box_cost(const float *b, bint planar) noexcept nogil:
+    """Half the surface area (3-D) or half the perimeter (2-D): the SAH's measure of a box. In 3-D a
+    vanishing share of the squared edge sum keeps flat and point-like boxes (zero area) apart.
+    Single precision, which is what insertion spends its time on; a box too large for float32's
+    range costs FLT_MAX, so sums and differences of costs stay finite."""
+    cdef float dx = b[3] - b[0]
+    cdef float dy = b[4] - b[1]
+    cdef float dz = b[5] - b[2]
+    cdef float s = dx + dy + dz
+    cdef float cost
+    if planar:
+        cost = dx + dy
+    else:
+        cost = dx * dy + dy * dz + dz * dx + <float>1e-6 * s * s
+    return cost if cost < FLT_MAX else FLT_MAX
+
+
+cdef inline void union_box(float *out, const float *a, const float *b) noexcept nogil:
+    cdef int i
+    for i in range(3):
+        out[i] = a[i] if a[i] < b[i] else b[i]
+        out[i + 3] = a[i + 3] if a[i + 3] > b[i + 3] else b[i + 3]
+
+
+cdef inline double union_cost(const float *a, const float *b, bint planar) noexcept nogil:
+    cdef float u[6]
+    union_box(u, a, b)
+    return box_cost(u, planar)
+
+
+cdef inline bint box_contains(const float *outer, const float *inner) noexcept nogil:
+    return (outer[0] <= inner[0] and outer[1] <= inner[1] and outer[2] <= inner[2]
+            and inner[3] <= outer[3] and inner[4] <= outer[4] and inner[5] <= outer[5])
+
+
+cdef inline bint boxes_overlap(const float *a, const float *b) noexcept nogil:
+    return (a[0] <= b[3] and b[0] <= a[3] and a[1] <= b[4] and b[1] <= a[4]
+            and a[2] <= b[5] and b[2] <= a[5])
+
+
+# Tree references: internal node (>= 0) or leaf (~proxy).
+
+cdef inline float *ref_box(const TreeCore *t, int32_t ref) noexcept nogil:
+    if ref >= 0:
+        return t.nodes[ref].box
+    return t.proxies[~ref].fat
+
+
+cdef inline int32_t ref_height(const TreeCore *t, int32_t ref) noexcept nogil:
+    return t.heights[ref] if ref >= 0 else 0
