@@ -18,11 +18,11 @@ from dbvt import validation
 
 from dbvt._batch cimport pairs_free, pairs_push, self_pairs, sort_int32, sort_pairs
 from dbvt._core cimport (
-    PROXY_LIVE, PROXY_MOVED, PROXY_REFAT, PROXY_STATIC, QUERY_FAT_BOX, Hits, IdPair, PairBuffer, Query, Stack, TreeCore,
-    boxes_overlap, core_move, core_remove, core_reserve, hits_free, load_box, pair_allowed, prefetch, stack_free,
-    walk,
+    PREFETCH_AHEAD, PROXY_LIVE, PROXY_MOVED, PROXY_REFAT, PROXY_STATIC, QUERY_FAT_BOX, Hits, IdPair, PairBuffer, Query,
+    Stack, TreeCore, boxes_overlap, core_move, core_remove, core_reserve, hits_free, load_box, pair_allowed, prefetch,
+    stack_free, walk,
 )
-from dbvt._tree cimport PREFETCH_AHEAD, TreeBase, pair_array, prefetch_move
+from dbvt._tree cimport TreeBase, pair_array, prefetch_move
 
 # pair tracking on, moved count, pending ended count, partner total
 _STATE = struct.Struct("<qqqq")

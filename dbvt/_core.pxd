@@ -20,6 +20,7 @@ cdef extern from *:
 cdef enum:
     NULL_REF = -2147483647 - 1     # no node; leaves are ~proxy (< 0), so the null must lie outside
     MAX_PLANES = 32
+    PREFETCH_AHEAD = 8              # rows a batch working through random memory fetches ahead, per stage
 
 # Proxy.flags bits
 cdef enum:

@@ -24,7 +24,7 @@ cdef enum:
     BIN_COUNT = 16              # binned SAH: enough bins to find good splits, few enough to stay in L1
     MIN_SLOTS = 16
     SMALL_SPLIT = 16            # ranges this small get an exact SAH sweep instead of bins
-    CLUSTER_SIZE = 16           # the bulk build's Morton clusters hold at most this many leaves
+    CLUSTER_SIZE = SMALL_SPLIT  # the bulk build's Morton clusters: small enough for the exact sweep
     MORTON_BITS = 10            # per axis: the bulk build clusters leaves in 1024^3 Morton cells
     MORTON_CELLS = 1 << MORTON_BITS
     # A moved leaf whose new fat box fits in an ancestor at most this many levels up stays in place
@@ -608,7 +608,7 @@ cdef bint core_move(TreeCore *t, int32_t proxy, const float *tight) noexcept nog
 # empty tree). Nodes come out in depth-first order, so a walk reads the pool mostly forwards.
 #
 # The binning passes, one over every item per level, are what a plain build spends its time on. So
-# a Morton sort first groups the leaves into spatially compact clusters of at most SMALL_SPLIT, the
+# a Morton sort first groups the leaves into spatially compact clusters of at most CLUSTER_SIZE, the
 # binned SAH splits the clusters (one item each), and once it reaches a single cluster, the exact SAH
 # sweep that ranges this small always get splits its leaves. Leaves whose centres share one Morton
 # cell are not clustered (their grouping would be arbitrary): each enters the binned SAH alone.
@@ -819,6 +819,7 @@ cdef uint64_t *morton_sort(const BuildItem *items, int64_t n, const Bounds *all,
         extent = max(extent, <double>all.cmax[k] - all.cmin[k])
     if extent > 0.0:
         scale = MORTON_CELLS / extent
+    # Stage 1: the keys.
     for i in range(n):
         for k in range(3):
             x = (<double>items[i].center[k] - all.cmin[k]) * scale
@@ -847,7 +848,7 @@ cdef uint64_t *morton_sort(const BuildItem *items, int64_t n, const Bounds *all,
 
 
 cdef int64_t form_clusters(const uint64_t *keys, int64_t n, Cluster *clusters) noexcept nogil:
-    """Cut the Morton-sorted leaves into clusters of at most SMALL_SPLIT, splitting top down at the
+    """Cut the Morton-sorted leaves into clusters of at most CLUSTER_SIZE, splitting top down at the
     highest code bit that differs (a linear BVH's splits); returns how many. A larger run of one
     code becomes single-leaf clusters: grouping inside one cell would be arbitrary."""
     cdef int64_t starts[64]         # each split lengthens the shared code prefix, so depth <= 30
@@ -862,16 +863,16 @@ cdef int64_t form_clusters(const uint64_t *keys, int64_t n, Cluster *clusters) n
         e = ends[depth]
         first = keys[s] >> 32
         last = keys[e - 1] >> 32
-        if e - s <= CLUSTER_SIZE or first == last:
-            if e - s <= CLUSTER_SIZE:
-                clusters[count].start = s
-                clusters[count].count = e - s
+        if e - s <= CLUSTER_SIZE:
+            clusters[count].start = s
+            clusters[count].count = e - s
+            count += 1
+            continue
+        if first == last:
+            for i in range(s, e):
+                clusters[count].start = i
+                clusters[count].count = 1
                 count += 1
-            else:
-                for i in range(s, e):
-                    clusters[count].start = i
-                    clusters[count].count = 1
-                    count += 1
             continue
         bit = first ^ last
         while bit & (bit - 1):
@@ -1002,8 +1003,8 @@ cdef int build_from_items(TreeCore *t, const BuildItem *items, int64_t n, const 
         bound_range(items, 0, n, &all)
         order = morton_sort(items, n, &all, keys, scratch)
         for i in range(n):
-            if i + 8 < n:
-                prefetch(&items[<uint32_t>order[i + 8]])
+            if i + PREFETCH_AHEAD < n:
+                prefetch(&items[<uint32_t>order[i + PREFETCH_AHEAD]])
             leaves[i] = items[<uint32_t>order[i]]
         k = form_clusters(order, n, clusters)
         # Stage 2: one item per cluster for the binned SAH: its box, centred where the box is.
@@ -1019,9 +1020,9 @@ cdef int build_from_items(TreeCore *t, const BuildItem *items, int64_t n, const 
         build_tree(t, tops, leaves, clusters, k, tasks, ids != NULL, proxy_rows)
         if ids != NULL:
             for i in range(n):
-                if i + 8 < n:
-                    prefetch(rows + 2 * t.dims * proxy_rows[i + 8])
-                    prefetch(&ids[proxy_rows[i + 8]])
+                if i + PREFETCH_AHEAD < n:
+                    prefetch(rows + 2 * t.dims * proxy_rows[i + PREFETCH_AHEAD])
+                    prefetch(&ids[proxy_rows[i + PREFETCH_AHEAD]])
                 row = proxy_rows[i]
                 load_box(rows + 2 * t.dims * row, t.dims, t.proxies[i].tight)
                 t.proxies[i].id = ids[row]
@@ -1093,8 +1094,8 @@ cdef int core_bulk_insert(TreeCore *t, const uint64_t *ids, const float *rows, i
         i -= 1
     t.proxy_count = <int32_t>n
     for i in range(n):
-        if i + 8 < n:
-            prefetch(&t.slots[mix64(t.proxies[i + 8].id) & t.slot_mask])
+        if i + PREFETCH_AHEAD < n:
+            prefetch(&t.slots[mix64(t.proxies[i + PREFETCH_AHEAD].id) & t.slot_mask])
         slot_insert(t, <int32_t>i)
     return 0
 

@@ -2,10 +2,7 @@
 # (argument checks against the id table, batch queries into numpy CSR arrays, serialisation).
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 
-from dbvt._core cimport PairBuffer, TreeCore, core_prefetch_move
-
-cdef enum:
-    PREFETCH_AHEAD = 8              # rows a batch of lookups or moves fetches ahead, per stage
+from dbvt._core cimport PREFETCH_AHEAD, PairBuffer, TreeCore, core_prefetch_move
 
 
 cdef inline void prefetch_move(const TreeCore *t, const int32_t *proxies, const int64_t *order,
