@@ -15,7 +15,7 @@ from dbvt._batch cimport batch_free, pairs_free, run_boxes, run_frusta, run_segm
 from dbvt._core cimport (
     PREFETCH_AHEAD, PROXY_FLAGS, PROXY_LIVE, PROXY_SEEN, Batch, IdPair, Node, PairBuffer, Proxy, Query, TreeCore,
     cache_costs, core_add, core_area_ratio, core_bulk_insert, core_check, core_find, core_free, core_height,
-    core_init, core_memory, core_move, core_prefetch_find, core_prefetch_move, core_rebuild, core_remove,
+    core_init, core_memory, core_move, core_prefetch_find, core_rebuild, core_remove,
     core_reserve, load_box, rehash,
 )
 
