@@ -32,7 +32,9 @@ def test_bench_on_a_w1_directory(tmp_path, capsys):
     assert bench.main([str(tmp_path), "--steps", "4", "--repeats", "1"]) == 0
     out = capsys.readouterr()
     assert "N=3000, 4 steps of 300 moves" in out.out
-    for figure in ("streamed step", "move-only ingest, pair-tracking", "move-only ingest, query-only",
+    for figure in ("streamed step, tick by tick", "bare gRPC, same sizes and work", "streamed step, 2 ticks in flight",
+                   "M moves/s with pair changes",
+                   "move-only ingest (query-only world)",
                    "10k box queries", "10k-query calls/s, server", "10k-query calls/s, in-process",
                    "W1 steps/s, streamed, server", "W1 steps/s, streamed, in-process"):
         assert figure in out.out

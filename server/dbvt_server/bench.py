@@ -6,12 +6,17 @@ W1_DIR is a directory made by the shared W1 workload script (boxes.f32, moves_id
 q_aabb.f32, meta.json; expected.json, if present, is checked); without one a W1-like world of --n
 proxies is generated here. Without --target a server is started as a child process. Figures are
 medians of --repeats runs; the server and this client are separate processes talking over loopback.
-Move-only ingest streams every step's moves again, pipelined, to a pair-tracking world and to a
-query-only one (track_pairs=False), each of which has seen every step once before. The two-busy-worlds figures are described in dbvt_server.bench_parallel.
+The steps are streamed twice, each time to a new world: tick by tick (send a step, wait for its
+pair changes) and with two ticks in flight (send step t+1, then read step t's answer), which the
+stream is built for; the in-process figures beside them are the median and the mean step. Move-only
+ingest streams every step's moves again, all pipelined, to a query-only world (track_pairs=False,
+so nothing comes back but the tick) that has seen every step once before. The two-busy-worlds
+figures are described in dbvt_server.bench_parallel.
 """
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import pathlib
 import re
@@ -24,7 +29,7 @@ import time
 import numpy as np
 
 from dbvt_client import Client
-from dbvt_server import bench_parallel
+from dbvt_server import bench_floor, bench_parallel
 
 LISTENING = re.compile(r"listening on \S+:(\d+)")
 
@@ -110,6 +115,14 @@ def _fresh_world(client: Client, name: str, track_pairs: bool = True):
 
 # A pass of the ingest takes about 0.1 s at W1's 100k: each run times this many, keeping the median.
 INGEST_PASSES = 3
+# Box-query calls per run, of which the median is kept.
+QUERY_CALLS = 3
+# Batches in flight when steps are streamed ahead: a game loop sends tick t+1 before reading tick t.
+STEPS_AHEAD = 2
+# Tick by tick, a world's thread sleeps for the round trip between steps; a sleeping thread wakes to
+# colder caches (and, on a virtual machine, often to a core that ran something else meanwhile). The
+# in-process steps are also timed after sleeping this long, to show what that alone costs.
+REST_BEFORE_STEP = 0.002
 
 
 def pipelined_ingest(stream, work: Workload, passes: int = 1) -> float:
@@ -125,39 +138,67 @@ def pipelined_ingest(stream, work: Workload, passes: int = 1) -> float:
     return statistics.median(seconds)
 
 
+def steps_ahead(stream, work: Workload) -> tuple[float, list[int]]:
+    """Seconds to stream every step with STEPS_AHEAD batches in flight, and the pair count after each."""
+    in_flight: collections.deque = collections.deque()
+    results = []
+    started = time.perf_counter()
+    for step in range(work.steps):
+        in_flight.append(stream.submit(move=(work.move_ids[step], work.move_boxes[step])))
+        if len(in_flight) == STEPS_AHEAD:
+            results.append(in_flight.popleft().result())
+    results.extend(future.result() for future in in_flight)
+    seconds = time.perf_counter() - started
+    return seconds, [len(r.begun) - len(r.ended) for r in results]
+
+
+def _median_call(call) -> float:
+    seconds = []
+    for _ in range(QUERY_CALLS):
+        started = time.perf_counter()
+        call()
+        seconds.append(time.perf_counter() - started)
+    return statistics.median(seconds)
+
+
 def wire_run(client: Client, work: Workload, progress: Progress) -> dict:
-    """One pass over the workload through the server: creation, streamed steps, queries, ingest."""
+    """One pass over the workload through the server: creation, the steps tick by tick and then with
+    STEPS_AHEAD in flight (each on a new world), queries, ingest."""
     name = "dbvt-bench"
     world = _fresh_world(client, name)
     started = time.perf_counter()
     pairs = len(world.apply(create=(work.ids, work.boxes)).begun)
     create_seconds = time.perf_counter() - started
-    step_seconds, pair_counts = [], []
+    step_seconds, pair_counts, answer_bytes = [], [], []
     with world.stream() as stream:
         for step in range(work.steps):
             started = time.perf_counter()
             result = stream.apply(move=(work.move_ids[step], work.move_boxes[step]))
             step_seconds.append(time.perf_counter() - started)
+            answer_bytes.append(result.begun.nbytes + result.ended.nbytes)
             pairs += len(result.begun) - len(result.ended)
             pair_counts.append(pairs)
             progress.advance()
-        ingest_seconds = pipelined_ingest(stream, work, INGEST_PASSES)
-    started = time.perf_counter()
-    world.query_aabb(work.queries)
-    query_seconds = time.perf_counter() - started
+    world = _fresh_world(client, name)
+    pairs = len(world.apply(create=(work.ids, work.boxes)).begun)
+    with world.stream() as stream:
+        ahead_seconds, changes = steps_ahead(stream, work)
+    query_seconds = _median_call(lambda: world.query_aabb(work.queries))
     client.delete_world(name)
     quiet = _fresh_world(client, name + "-query-only", track_pairs=False)
     quiet.apply(create=(work.ids, work.boxes))
     with quiet.stream() as stream:
-        pipelined_ingest(stream, work)      # the history the pair-tracking world had, untimed
+        pipelined_ingest(stream, work)      # the history the other worlds had, untimed
         quiet_ingest_seconds = pipelined_ingest(stream, work, INGEST_PASSES)
     client.delete_world(quiet.name)
-    return dict(create=create_seconds, step=statistics.median(step_seconds), ingest=ingest_seconds,
-                quiet_ingest=quiet_ingest_seconds, query=query_seconds, pair_counts=pair_counts)
+    return dict(create=create_seconds, step=statistics.median(step_seconds), ahead=ahead_seconds / work.steps,
+                quiet_ingest=quiet_ingest_seconds, query=query_seconds, answer_bytes=statistics.median(answer_bytes),
+                pair_counts=[pair_counts, [int(c) for c in pairs + np.cumsum(changes)]])
 
 
 def local_run(work: Workload, progress: Progress) -> dict:
-    """The same pass on an in-process dbvt.Broadphase."""
+    """The same pass on an in-process dbvt.Broadphase. It can only go tick by tick, so the figure
+    beside the wire's steps in flight (total time / steps) is its mean step."""
     from dbvt import Broadphase
 
     broadphase = Broadphase(dims=3, margin=0.05)
@@ -172,16 +213,24 @@ def local_run(work: Workload, progress: Progress) -> dict:
         broadphase.update()
         step_seconds.append(time.perf_counter() - started)
         progress.advance()
-    ingest_seconds = local_ingest(broadphase, work, INGEST_PASSES)
-    started = time.perf_counter()
-    broadphase.query_aabb(work.queries)
-    query_seconds = time.perf_counter() - started
+    query_seconds = _median_call(lambda: broadphase.query_aabb(work.queries))
+    rested = Broadphase(dims=3, margin=0.05)
+    rested.create(work.ids, work.boxes)
+    rested.update()
+    rested_seconds = []
+    for step in range(work.steps):
+        time.sleep(REST_BEFORE_STEP)
+        started = time.perf_counter()
+        rested.move(work.move_ids[step], work.move_boxes[step])
+        rested.update()
+        rested_seconds.append(time.perf_counter() - started)
+    del rested
     quiet = Broadphase(dims=3, margin=0.05, track_pairs=False)
     quiet.create(work.ids, work.boxes)
     quiet.update()
     local_ingest(quiet, work)
-    return dict(create=create_seconds, step=statistics.median(step_seconds), ingest=ingest_seconds,
-                quiet_ingest=local_ingest(quiet, work, INGEST_PASSES), query=query_seconds)
+    return dict(create=create_seconds, step=statistics.median(step_seconds), ahead=statistics.mean(step_seconds),
+                rested_step=statistics.median(rested_seconds), quiet_ingest=local_ingest(quiet, work, INGEST_PASSES), query=query_seconds)
 
 
 def local_ingest(broadphase, work: Workload, passes: int = 1) -> float:
@@ -200,29 +249,47 @@ def median_of(runs: list[dict], key: str) -> float:
     return statistics.median(run[key] for run in runs)
 
 
-def report(work: Workload, wire: list[dict], local: list[dict]) -> list[str]:
+def ratio_of(wire: list[dict], local: list[dict], key: str) -> float:
+    """The median over runs of each run's wire/in-process ratio: the two sides of a run ran seconds
+    apart, so pairing them cancels most of the machine's drift from run to run."""
+    return statistics.median(w[key] / l[key] for w, l in zip(wire, local))
+
+
+def wire_floor(work: Workload, wire: list[dict], local: list[dict]) -> float:
+    """Seconds bare gRPC adds to a tick-by-tick step: the same message sizes, the same work time."""
+    request_bytes = work.move_ids.shape[1] * (8 + 4 * work.move_boxes.shape[2])   # uint64 ids, float32 boxes
+    return bench_floor.floor(median_of(local, "step"), request_bytes, int(median_of(wire, "answer_bytes")))
+
+
+def report(work: Workload, wire: list[dict], local: list[dict], floor: float) -> list[str]:
     n, moves = len(work.ids), work.move_ids.shape[1]
     total_moves = moves * work.steps
-    step_wire, step_local = median_of(wire, "step"), median_of(local, "step")
-    query_wire, query_local = median_of(wire, "query"), median_of(local, "query")
+
+    def row(label: str, key: str, scale: float, digits: int, target: str) -> str:
+        return (f"{label:40}{median_of(wire, key) * scale:14.{digits}f}{median_of(local, key) * scale:12.{digits}f}"
+                f"{ratio_of(wire, local, key):8.2f}  {target}")
+
     lines = [
         f"W1: N={n}, {work.steps} steps of {moves} moves, {len(work.queries)} box queries; "
-        f"medians of {len(wire)} runs",
-        f"{'':34}{'server (wire)':>16}{'in-process':>14}{'ratio':>8}  target",
-        f"{'create all, ms':34}{median_of(wire, 'create') * 1e3:16.1f}{median_of(local, 'create') * 1e3:14.1f}"
-        f"{median_of(wire, 'create') / median_of(local, 'create'):8.2f}",
-        f"{'streamed step (moves + pairs), ms':34}{step_wire * 1e3:16.2f}{step_local * 1e3:14.2f}"
-        f"{step_wire / step_local:8.2f}  <= 1.5x",
+        f"medians of {len(wire)} runs; ratio: median of the runs' own ratios",
+        f"{'':40}{'server (wire)':>14}{'in-process':>12}{'ratio':>8}  target",
+        row("create all, ms", "create", 1e3, 1, ""),
+        row("streamed step, tick by tick, ms", "step", 1e3, 2, "<= 1.5x"),
+        f"{'  beyond the in-process step, ms':40}{(median_of(wire, 'step') - median_of(local, 'step')) * 1e3:14.2f}",
+        f"{'  bare gRPC, same sizes and work, ms':40}{floor * 1e3:14.2f}  (dbvt_server.bench_floor)",
+        f"{f'  in-process after {REST_BEFORE_STEP * 1e3:.0f} ms asleep, ms':40}{'':14}"
+        f"{median_of(local, 'rested_step') * 1e3:12.2f}",
+        row(f"streamed step, {STEPS_AHEAD} ticks in flight, ms", "ahead", 1e3, 2, "<= 1.5x"),
+        f"{'  the same, M moves/s with pair changes':40}{moves / median_of(wire, 'ahead') / 1e6:14.2f}"
+        f"{moves / median_of(local, 'ahead') / 1e6:12.2f}",
+        f"{'move-only ingest (query-only world), M/s':40}{total_moves / median_of(wire, 'quiet_ingest') / 1e6:14.2f}"
+        f"{total_moves / median_of(local, 'quiet_ingest') / 1e6:12.2f}"
+        f"{ratio_of(wire, local, 'quiet_ingest'):8.2f}  >= 3 M/s",
+        row("10k box queries in one call, ms", "query", 1e3, 2, "<= 1.5x"),
     ]
-    for key, kind in (("ingest", "pair-tracking"), ("quiet_ingest", "query-only")):
-        ingest_wire, ingest_local = median_of(wire, key), median_of(local, key)
-        lines.append(f"{f'move-only ingest, {kind}, M/s':34}{total_moves / ingest_wire / 1e6:16.2f}"
-                     f"{total_moves / ingest_local / 1e6:14.2f}{ingest_wire / ingest_local:8.2f}  >= 3 M/s")
-    lines.append(f"{'10k box queries in one call, ms':34}{query_wire * 1e3:16.2f}{query_local * 1e3:14.2f}"
-                 f"{query_wire / query_local:8.2f}  <= 1.5x")
     if work.expected is not None:
         expected = work.expected["pairs_per_step"][:work.steps]
-        same = all(run["pair_counts"] == expected for run in wire)
+        same = all(counts == expected for run in wire for counts in run["pair_counts"])
         lines.append(f"pair counts after every step {'match' if same else 'DIFFER FROM'} the oracle's expected.json")
     return lines
 
@@ -249,8 +316,15 @@ def main(argv: list[str] | None = None) -> int:
         with Client(target) as client:
             wire, local = [], []
             for run in range(args.repeats):
-                wire.append(wire_run(client, work, Progress(f"server run {run + 1}/{args.repeats}", work.steps)))
-                local.append(local_run(work, Progress(f"in-process run {run + 1}/{args.repeats}", work.steps)))
+                # Alternately first, so that neither side always runs right after the other.
+                sides = [lambda: wire.append(wire_run(client, work, Progress(f"server run {run + 1}/{args.repeats}",
+                                                                              work.steps))),
+                         lambda: local.append(local_run(work, Progress(f"in-process run {run + 1}/{args.repeats}",
+                                                                       work.steps)))]
+                for side in sides[::1 if run % 2 == 0 else -1]:
+                    side()
+            sys.stderr.write("bare gRPC round trips...\n")
+            floor = wire_floor(work, wire, local)
             sys.stderr.write("two busy worlds...\n")
             parallel_wire = bench_parallel.over_the_wire(client, target, work, server_pid, args.repeats)
         parallel_local = bench_parallel.in_process(work, args.repeats)
@@ -258,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
         if process is not None:
             process.terminate()
             process.wait(30)
-    print("\n".join(report(work, wire, local) + bench_parallel.report(parallel_wire, parallel_local)))
+    print("\n".join(report(work, wire, local, floor) + bench_parallel.report(parallel_wire, parallel_local)))
     return 0
 
 
