@@ -196,9 +196,9 @@ def wire_run(client: Client, work: Workload, progress: Progress) -> dict:
                 pair_counts=[pair_counts, [int(c) for c in pairs + np.cumsum(changes)]])
 
 
-def local_run(work: Workload, progress: Progress) -> dict:
-    """The same pass on an in-process dbvt.Broadphase. It can only go tick by tick, so the figure
-    beside the wire's steps in flight (total time / steps) is its mean step."""
+def local_steps(work: Workload, progress: Progress | None = None, rest: float = 0.0):
+    """A new in-process dbvt.Broadphase taken through every step: it, the seconds its creation took,
+    and those of each step, each taken after the thread has slept `rest` seconds."""
     from dbvt import Broadphase
 
     broadphase = Broadphase(dims=3, margin=0.05)
@@ -208,29 +208,32 @@ def local_run(work: Workload, progress: Progress) -> dict:
     create_seconds = time.perf_counter() - started
     step_seconds = []
     for step in range(work.steps):
+        if rest:
+            time.sleep(rest)
         started = time.perf_counter()
         broadphase.move(work.move_ids[step], work.move_boxes[step])
         broadphase.update()
         step_seconds.append(time.perf_counter() - started)
-        progress.advance()
+        if progress is not None:
+            progress.advance()
+    return broadphase, create_seconds, step_seconds
+
+
+def local_run(work: Workload, progress: Progress) -> dict:
+    """The same pass on an in-process dbvt.Broadphase. It can only go tick by tick, so the figure
+    beside the wire's steps in flight (total time / steps) is its mean step."""
+    from dbvt import Broadphase
+
+    broadphase, create_seconds, step_seconds = local_steps(work, progress)
     query_seconds = _median_call(lambda: broadphase.query_aabb(work.queries))
-    rested = Broadphase(dims=3, margin=0.05)
-    rested.create(work.ids, work.boxes)
-    rested.update()
-    rested_seconds = []
-    for step in range(work.steps):
-        time.sleep(REST_BEFORE_STEP)
-        started = time.perf_counter()
-        rested.move(work.move_ids[step], work.move_boxes[step])
-        rested.update()
-        rested_seconds.append(time.perf_counter() - started)
-    del rested
+    rested_seconds = local_steps(work, rest=REST_BEFORE_STEP)[2]
     quiet = Broadphase(dims=3, margin=0.05, track_pairs=False)
     quiet.create(work.ids, work.boxes)
     quiet.update()
     local_ingest(quiet, work)
     return dict(create=create_seconds, step=statistics.median(step_seconds), ahead=statistics.mean(step_seconds),
-                rested_step=statistics.median(rested_seconds), quiet_ingest=local_ingest(quiet, work, INGEST_PASSES), query=query_seconds)
+                rested_step=statistics.median(rested_seconds), query=query_seconds,
+                quiet_ingest=local_ingest(quiet, work, INGEST_PASSES))
 
 
 def local_ingest(broadphase, work: Workload, passes: int = 1) -> float:
