@@ -252,10 +252,10 @@ def median_of(runs: list[dict], key: str) -> float:
     return statistics.median(run[key] for run in runs)
 
 
-def ratio_of(wire: list[dict], local: list[dict], key: str) -> float:
+def ratio_of(wire: list[dict], local: list[dict], key: str, local_key: str | None = None) -> float:
     """The median over runs of each run's wire/in-process ratio: the two sides of a run ran seconds
     apart, so pairing them cancels most of the machine's drift from run to run."""
-    return statistics.median(w[key] / l[key] for w, l in zip(wire, local))
+    return statistics.median(w[key] / l[local_key or key] for w, l in zip(wire, local))
 
 
 def wire_floor(work: Workload, wire: list[dict], local: list[dict]) -> float:
@@ -281,7 +281,8 @@ def report(work: Workload, wire: list[dict], local: list[dict], floor: float) ->
         f"{'  beyond the in-process step, ms':40}{(median_of(wire, 'step') - median_of(local, 'step')) * 1e3:14.2f}",
         f"{'  bare gRPC, same sizes and work, ms':40}{floor * 1e3:14.2f}  (dbvt_server.bench_floor)",
         f"{f'  in-process after {REST_BEFORE_STEP * 1e3:.0f} ms asleep, ms':40}{'':14}"
-        f"{median_of(local, 'rested_step') * 1e3:12.2f}",
+        f"{median_of(local, 'rested_step') * 1e3:12.2f}{ratio_of(wire, local, 'step', 'rested_step'):8.2f}"
+        "  (the tick-by-tick step against it)",
         row(f"streamed step, {STEPS_AHEAD} ticks in flight, ms", "ahead", 1e3, 2, "<= 1.5x"),
         f"{'  the same, M moves/s with pair changes':40}{moves / median_of(wire, 'ahead') / 1e6:14.2f}"
         f"{moves / median_of(local, 'ahead') / 1e6:12.2f}",
