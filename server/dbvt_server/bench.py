@@ -8,10 +8,12 @@ proxies is generated here. Without --target a server is started as a child proce
 medians of --repeats runs; the server and this client are separate processes talking over loopback.
 The steps are streamed twice, each time to a new world: tick by tick (send a step, wait for its
 pair changes) and with two ticks in flight (send step t+1, then read step t's answer), which the
-stream is built for; the in-process figures beside them are the median and the mean step. Move-only
-ingest streams every step's moves again, all pipelined, to a query-only world (track_pairs=False,
-so nothing comes back but the tick) that has seen every step once before. The two-busy-worlds
-figures are described in dbvt_server.bench_parallel.
+stream is built for; the in-process figures beside them are the median and the mean step. Beside the
+tick-by-tick figure stand two controls: bare gRPC with the same message sizes and work time
+(dbvt_server.bench_floor), and the in-process step taken after its thread has slept as long as a
+world thread does between ticks. Move-only ingest streams every step's moves again, all pipelined,
+to a query-only world (track_pairs=False, so nothing comes back but the tick) that has seen every
+step once before. The two-busy-worlds figures are described in dbvt_server.bench_parallel.
 """
 from __future__ import annotations
 
@@ -139,7 +141,8 @@ def pipelined_ingest(stream, work: Workload, passes: int = 1) -> float:
 
 
 def steps_ahead(stream, work: Workload) -> tuple[float, list[int]]:
-    """Seconds to stream every step with STEPS_AHEAD batches in flight, and the pair count after each."""
+    """Seconds to stream every step with STEPS_AHEAD batches in flight, and each step's change in the
+    number of pairs."""
     in_flight: collections.deque = collections.deque()
     results = []
     started = time.perf_counter()
