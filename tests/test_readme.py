@@ -1,4 +1,4 @@
-"""README's SDK example runs as written against a real server, so the front page cannot rot."""
+"""README's SDK examples run as written (the first against a real server), so the front page cannot rot."""
 import re
 from pathlib import Path
 
@@ -18,3 +18,12 @@ def test_readme_sdk_example_runs_against_a_real_server():
         assert namespace["pairs"].tolist() == [[0, 1], [0, 7]]     # 7 is the static box at the origin
     finally:
         server.stop()
+
+
+def test_readme_tick_in_flight_example_runs():
+    code = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)[1]
+    assert "submit(" in code and "Client.local()" in code
+    namespace: dict = {}
+    exec(compile(code, str(README), "exec"), namespace)
+    assert namespace["last"].tick == 5                          # the create, then four streamed ticks
+    assert namespace["last"].ended.tolist() == []
