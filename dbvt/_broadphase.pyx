@@ -28,21 +28,22 @@ from dbvt._tree cimport TreeBase, pair_array, prefetch_move
 _STATE = struct.Struct("<qqqq")
 
 
+cdef enum:
+    TOUCHING = 1                    # the tight boxes overlap: the pair exists for the user
+    INLINE_PARTNERS = 2
+
+
 # A proxy's partners are entries (partner proxy << 1) | TOUCHING, ascending by partner. Most proxies
 # have at most two (W1: 90%), so up to INLINE_PARTNERS entries live in the list's header itself,
 # where a heap list's pointer would be: no allocation, and one cache miss fewer per list read.
 ctypedef union PartnerEntries:      # 8 bytes
     int32_t *heap                   # capacity > INLINE_PARTNERS: the entries, malloc'd
-    int32_t local[2]                # capacity == INLINE_PARTNERS: the entries themselves
+    int32_t local[INLINE_PARTNERS]  # capacity == INLINE_PARTNERS: the entries themselves
 
 ctypedef struct Partners:           # one proxy's fat-box partners: 16 bytes
     PartnerEntries entries          # 8
     int32_t count                   # 4
     int32_t capacity                # 4: INLINE_PARTNERS while the entries are in `entries.local`
-
-cdef enum:
-    TOUCHING = 1                    # the tight boxes overlap: the pair exists for the user
-    INLINE_PARTNERS = 2
 
 
 cdef inline int32_t *items_of(const Partners *p) noexcept nogil:
