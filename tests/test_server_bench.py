@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from dbvt.reference import Broadphase as Reference
 from dbvt_server import bench
@@ -29,7 +30,7 @@ def write_w1(directory, work: bench.Workload) -> None:
 
 def test_bench_on_a_w1_directory(tmp_path, capsys):
     write_w1(tmp_path, bench.Workload.generate(3000, steps=4, seed=5))
-    assert bench.main([str(tmp_path), "--steps", "4", "--repeats", "1"]) == 0
+    assert bench.main([str(tmp_path), "--steps", "4", "--repeats", "1", "--window", "0.2"]) == 0
     out = capsys.readouterr()
     assert "N=3000, 4 steps of 300 moves" in out.out
     for figure in ("streamed step, tick by tick", "bare gRPC, same sizes and work", "streamed step, 2 ticks in flight",
@@ -51,3 +52,14 @@ def test_generated_world_follows_w1():
     assert work.move_ids.shape == (2, 100) and work.move_boxes.shape == (2, 100, 6)
     assert sides.min() >= 1.0 and sides.max() <= 4.0
     assert np.all(np.diff(work.move_ids, axis=1) > 0)
+
+
+def test_two_worlds_count_only_the_work_inside_the_window():
+    from dbvt_server.bench_parallel import completed_by
+
+    stamps = [1.0, 2.0, 3.0, 4.0]
+    # Half of the second operation and half of the fourth fall inside [1.5, 3.5].
+    assert completed_by(stamps, 3.5) - completed_by(stamps, 1.5) == 2.0
+    for outside in (0.5, 4.5):
+        with pytest.raises(RuntimeError, match="not busy for the whole window"):
+            completed_by(stamps, outside)

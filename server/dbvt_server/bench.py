@@ -311,6 +311,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=100_000, help="proxies of the generated world [100000]")
     parser.add_argument("--steps", type=int, default=30, help="steps to run (at most the directory's) [30]")
     parser.add_argument("--repeats", type=int, default=3, help="runs of each side; medians are reported [3]")
+    parser.add_argument("--window", type=float, default=bench_parallel.WINDOW,
+                        help=f"seconds of each two-busy-worlds round that are counted [{bench_parallel.WINDOW}]")
     args = parser.parse_args(argv)
     if args.w1_dir:
         work = Workload.load(args.w1_dir)
@@ -333,13 +335,15 @@ def main(argv: list[str] | None = None) -> int:
             sys.stderr.write("bare gRPC round trips...\n")
             floor = wire_floor(work, wire, local)
             sys.stderr.write("two busy worlds...\n")
-            parallel_wire = bench_parallel.over_the_wire(client, target, work, server_pid, args.repeats)
-        parallel_local = bench_parallel.in_process(work, args.repeats)
+            parallel_wire = bench_parallel.over_the_wire(client, target, work, server_pid, args.window,
+                                                        args.repeats)
+        parallel_local = bench_parallel.in_process(work, args.window, args.repeats)
     finally:
         if process is not None:
             process.terminate()
             process.wait(30)
-    print("\n".join(report(work, wire, local, floor) + bench_parallel.report(parallel_wire, parallel_local)))
+    lines = report(work, wire, local, floor) + bench_parallel.report(parallel_wire, parallel_local, args.window)
+    print("\n".join(lines))
     return 0
 
 

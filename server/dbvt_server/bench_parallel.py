@@ -1,25 +1,38 @@
 """dbvt-bench's two-busy-worlds figure: does a second busy world add throughput, or share the first's?
 
-Each world is kept busy by its own thread of the benchmark, which sends requests encoded before the
-clock starts and keeps the answers as raw bytes (decoding only the batch statuses, after the clock
-stops). The client side is thus light, so on a small machine the cores go to the server; the cores
-the benchmark process used are reported beside it. Two kinds of work: calls of 10k box queries, and
-W1 steps streamed pipelined to pair-tracking worlds. The same work runs on two in-process
-`dbvt.Broadphase` in two threads, for the scaling of the core alone.
+Each world is kept busy by its own thread of the benchmark, which sends requests encoded beforehand
+and keeps the answers as raw bytes (decoding only the batch statuses, after the round). The client
+side is thus light, so on a small machine the cores go to the server; the cores the benchmark
+process used are reported beside it. Two kinds of work: calls of 10k box queries, and W1 steps
+streamed to pair-tracking worlds with a few in flight, over and over. The same work runs on two
+in-process `dbvt.Broadphase` in two threads, for the scaling of the core alone.
 
-Other processes on the machine take cores too, so each figure is the best of --repeats rounds (one
-world, then two, alternately), and where Linux tells (/proc/.../schedstat) the cores the worlds'
-threads ran on are shown beside how many of them were runnable on average: running, or ready and
-queued for a core. Threads that wait for a lock or the GIL sleep instead, so a second world that adds
-about one runnable thread is not held back by us, whatever share of the cores the machine gives it.
+Throughput is counted while every world is busy. All worlds start at once, run for a warm-up, and
+keep running until a window of --window seconds has closed; only the work done inside the window
+counts, interpolated linearly between one answer and the next. A round that ran a fixed amount of
+work per world instead would end with one world alone while the other finishes its share, and that
+tail, up to a third of a round on this kind of machine, is not two busy worlds.
+
+The machine's speed drifts from minute to minute, so the rounds alternate one world and two,
+--repeats times, and the ratio is the median of the ratios of each two-world round to the one-world
+round just before it; the rates shown are the rounds' medians. Where Linux tells
+(/proc/.../schedstat), the cores the worlds' threads ran on in the window are shown beside how many
+of them were runnable on average: running, or ready and queued for a core. Threads that wait for a
+lock or the GIL sleep instead, so a second world that adds about one runnable thread is not held
+back by us, whatever share of the cores the machine gives it.
 """
 from __future__ import annotations
 
+import bisect
+import dataclasses
+import itertools
+import os
 import pathlib
+import statistics
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
 import grpc
 
@@ -27,9 +40,17 @@ from dbvt_client.transport import CHANNEL_OPTIONS
 from dbvt_proto.v1 import broadphase_pb2 as pb
 
 WORLDS = ("parallel-a", "parallel-b")
-QUERY_CALLS = 6
 SERVICE = "/dbvt.v1.BroadphaseService/"
-THREAD_SELF = pathlib.Path("/proc/thread-self/schedstat")
+# Seconds every world runs before the window opens: the streams are open and the first, slower
+# steps of a round are behind them.
+WARM_UP = 0.15
+# Seconds of each round that are counted, by default.
+WINDOW = 0.5
+# Streamed steps sent before the oldest is answered, as the server's own read-ahead.
+STEPS_IN_FLIGHT = 4
+
+# A job keeps one world busy until `stop` is set, appending the time each operation completed.
+Job = Callable[[threading.Event, list], None]
 
 
 def schedstat(path: pathlib.Path) -> tuple[float, float] | None:
@@ -41,17 +62,20 @@ def schedstat(path: pathlib.Path) -> tuple[float, float] | None:
         return None
 
 
-class ServerMeter:
-    """The summed schedstat of every thread of another process."""
+class ThreadMeter:
+    """The summed schedstat of a set of threads: every thread of a process, or the given ones."""
 
-    def __init__(self, pid: int | None):
+    def __init__(self, pid: int | None, thread_ids: Iterable[int] | None = None):
         self.tasks = pathlib.Path(f"/proc/{pid}/task") if pid else None
+        self.thread_ids = None if thread_ids is None else {str(tid) for tid in thread_ids}
 
     def read(self) -> tuple[float, float] | None:
         if self.tasks is None or not self.tasks.is_dir():
             return None
         # A thread that ends meanwhile drops out; the server's threads live as long as it does.
-        threads = [found for task in self.tasks.iterdir() if (found := schedstat(task / "schedstat"))]
+        threads = [found for task in self.tasks.iterdir()
+                   if (self.thread_ids is None or task.name in self.thread_ids)
+                   and (found := schedstat(task / "schedstat"))]
         if not threads:
             return None
         return sum(t[0] for t in threads), sum(t[1] for t in threads)
@@ -59,111 +83,141 @@ class ServerMeter:
 
 @dataclass
 class Round:
-    rate: float                   # operations per second
+    rate: float                     # operations per second while every world was busy
     used: float | None = None       # cores the worlds' threads ran on (CPU seconds per second)
     runnable: float | None = None   # how many of them were running or queued for a core, on average
-    client: float | None = None   # cores this process used while it drove a server
+    client: float | None = None     # cores this process used while it drove a server
 
 
-def _measured(job: Callable[[], None], totals: list) -> Callable[[], None]:
-    def run() -> None:
-        before = schedstat(THREAD_SELF)
-        job()
-        after = schedstat(THREAD_SELF)
-        if before and after:
-            totals.append((after[0] - before[0], after[1] - before[1]))
+def completed_by(stamps: list[float], moment: float) -> float:
+    """Operations a world had completed at `moment`, counting the one under way by its elapsed share."""
+    done = bisect.bisect_right(stamps, moment)
+    if done == 0 or done == len(stamps):
+        raise RuntimeError("a world was not busy for the whole window: it had no answer before the window "
+                           "opened, or none after it closed")
+    previous, following = stamps[done - 1], stamps[done]
+    return done + (moment - previous) / (following - previous)
 
-    return run
 
+def timed(jobs: list[Job], window: float, server: ThreadMeter | None) -> Round:
+    """Run `jobs` at once, one thread each, and count their work within a window after the warm-up.
+    The worlds' threads are the server's if a server is given, else the jobs' own (in-process)."""
+    stop = threading.Event()
+    stamps: list[list[float]] = [[] for _ in jobs]
+    failures: list[BaseException] = []
 
-def timed(jobs: list[Callable[[], None]], operations: int, server: ServerMeter | None) -> Round:
-    """Run `jobs` at once, one thread each, `operations` in all. The worlds' threads are the server's
-    if a server is given, else the jobs' own (in-process)."""
-    own: list[tuple[float, float]] = []
-    threads = [threading.Thread(target=_measured(job, own)) for job in jobs]
-    server_before, client_before = server and server.read(), time.process_time()
-    started = time.perf_counter()
+    def run(job: Job, own: list[float]) -> None:
+        try:
+            job(stop, own)
+        except BaseException as exc:
+            failures.append(exc)
+            stop.set()
+
+    threads = [threading.Thread(target=run, args=pair) for pair in zip(jobs, stamps)]
     for thread in threads:
         thread.start()
+    meter = server or ThreadMeter(os.getpid(), [thread.native_id for thread in threads])
+    time.sleep(WARM_UP)
+    before, client_before, opened = meter.read(), time.process_time(), time.perf_counter()
+    stop.wait(window)
+    after, client_after, closed = meter.read(), time.process_time(), time.perf_counter()
+    stop.set()
     for thread in threads:
         thread.join()
-    seconds = time.perf_counter() - started
-    made = Round(operations / seconds)
-    if server is None:
-        totals = own if len(own) == len(jobs) else None
-    else:
-        server_after = server.read()
-        totals = [(a - b) for a, b in zip(server_after, server_before)] if server_before and server_after else None
-        totals = [tuple(totals)] if totals else None
-        made.client = (time.process_time() - client_before) / seconds
-    if totals:
-        used = sum(t[0] for t in totals)
-        made.used, made.runnable = used / seconds, (used + sum(t[1] for t in totals)) / seconds
+    if failures:
+        raise failures[0]
+    seconds = closed - opened
+    made = Round(sum(completed_by(own, closed) - completed_by(own, opened) for own in stamps) / seconds)
+    if server is not None:
+        made.client = (client_after - client_before) / seconds
+    if before and after:
+        used = after[0] - before[0]
+        made.used, made.runnable = used / seconds, (used + after[1] - before[1]) / seconds
     return made
 
 
-def best(rounds: list[Round]) -> Round:
-    return max(rounds, key=lambda r: r.rate)
+def _median(values: list) -> float | None:
+    return None if None in values else statistics.median(values)
+
+
+def typical(rounds: list[Round]) -> Round:
+    """Each figure's median over the rounds."""
+    return Round(*(_median([getattr(r, field.name) for r in rounds]) for field in dataclasses.fields(Round)))
 
 
 @dataclass
 class Scaling:
-    one: Round
-    two: Round
+    ones: list[Round]
+    twos: list[Round]
 
     @property
     def ratio(self) -> float:
-        return self.two.rate / self.one.rate
+        """The median of the rounds' own ratios: each two-world round against the one-world round just
+        before it, so that the machine's changes of speed from minute to minute cancel."""
+        return statistics.median(two.rate / one.rate for one, two in zip(self.ones, self.twos))
 
 
-def scaling(job_for: Callable[[int], Callable[[], None]], operations: int, server: ServerMeter | None,
-            repeats: int) -> Scaling:
-    """`job_for(i)` keeps world i busy for `operations` operations."""
+def scaling(job_for: Callable[[int], Job], window: float, server: ThreadMeter | None, repeats: int) -> Scaling:
+    """`job_for(i)` keeps world i busy until told to stop."""
     ones, twos = [], []
     for _ in range(repeats):
-        ones.append(timed([job_for(0)], operations, server))
-        twos.append(timed([job_for(0), job_for(1)], 2 * operations, server))
-    return Scaling(best(ones), best(twos))
+        ones.append(timed([job_for(0)], window, server))
+        twos.append(timed([job_for(0), job_for(1)], window, server))
+    return Scaling(ones, twos)
 
 
-def _query_job(channel: grpc.Channel, world: str, queries) -> Callable[[], None]:
+def _query_job(channel: grpc.Channel, world: str, queries) -> Job:
     call = channel.unary_unary(SERVICE + "QueryAabb")
     request = pb.QueryAabbRequest(world=world, count=len(queries), boxes=queries.tobytes()).SerializeToString()
 
-    def job() -> None:
-        for _ in range(QUERY_CALLS):
+    def job(stop: threading.Event, stamps: list) -> None:
+        while not stop.is_set():
             call(request)
+            stamps.append(time.perf_counter())
 
     return job
 
 
-def _stream_job(channel: grpc.Channel, world: str, work) -> Callable[[], None]:
+def _stream_job(channel: grpc.Channel, world: str, work) -> Job:
     call = channel.stream_stream(SERVICE + "StreamBatches")
-    requests = [pb.StreamBatchesRequest(world=world, sequence=step, batch=pb.Batch(
-        move_ids=work.move_ids[step].astype("<u8").tobytes(),
-        move_boxes=work.move_boxes[step].astype("<f4").tobytes())).SerializeToString() for step in range(work.steps)]
+    steps = [(work.move_ids[step].astype("<u8").tobytes(), work.move_boxes[step].astype("<f4").tobytes())
+             for step in range(work.steps)]
 
-    def job() -> None:
-        answers = list(call(iter(requests)))
+    def job(stop: threading.Event, stamps: list) -> None:
+        room = threading.Semaphore(STEPS_IN_FLIGHT)
+
+        def requests():
+            for sequence, (ids, boxes) in enumerate(itertools.cycle(steps), 1):
+                room.acquire()
+                if stop.is_set():
+                    return
+                yield pb.StreamBatchesRequest(world=world, sequence=sequence,
+                                              batch=pb.Batch(move_ids=ids, move_boxes=boxes)).SerializeToString()
+
+        answers = []
+        for answer in call(requests()):
+            stamps.append(time.perf_counter())
+            answers.append(answer)
+            room.release()
         refused = [r for r in map(pb.StreamBatchesResponse.FromString, answers) if r.status_code]
-        if len(answers) != len(requests) or refused:
+        if refused:
             raise RuntimeError(f"streamed steps were not all applied: {refused[:1]}")
 
     return job
 
 
-def over_the_wire(client, target: str, work, server_pid: int | None, repeats: int) -> dict[str, Scaling]:
+def over_the_wire(client, target: str, work, server_pid: int | None, window: float, repeats: int) -> dict[str, Scaling]:
     """Both kinds of work on two worlds of the server at `target`, each thread on its own channel."""
     for name in WORLDS:
         if name in client.list_worlds():
             client.delete_world(name)
         client.create_world(name).apply(create=(work.ids, work.boxes))
     channels = [grpc.insecure_channel(target, options=CHANNEL_OPTIONS) for _ in WORLDS]
-    server = ServerMeter(server_pid)
+    server = ThreadMeter(server_pid)
     try:
         return {
-            "query": scaling(lambda i: _query_job(channels[i], WORLDS[i], work.queries), QUERY_CALLS, server, repeats),
-            "steps": scaling(lambda i: _stream_job(channels[i], WORLDS[i], work), work.steps, server, repeats),
+            "query": scaling(lambda i: _query_job(channels[i], WORLDS[i], work.queries), window, server, repeats),
+            "steps": scaling(lambda i: _stream_job(channels[i], WORLDS[i], work), window, server, repeats),
         }
     finally:
         for channel in channels:
@@ -172,7 +226,7 @@ def over_the_wire(client, target: str, work, server_pid: int | None, repeats: in
             client.delete_world(name)
 
 
-def in_process(work, repeats: int) -> dict[str, Scaling]:
+def in_process(work, window: float, repeats: int) -> dict[str, Scaling]:
     """The same work on two in-process dbvt.Broadphase, one thread each."""
     from dbvt import Broadphase
 
@@ -183,34 +237,40 @@ def in_process(work, repeats: int) -> dict[str, Scaling]:
         broadphase.update()
         worlds.append(broadphase)
 
-    def query_job(i: int) -> Callable[[], None]:
-        def job() -> None:
-            for _ in range(QUERY_CALLS):
+    def query_job(i: int) -> Job:
+        def job(stop: threading.Event, stamps: list) -> None:
+            while not stop.is_set():
                 worlds[i].query_aabb(work.queries)
+                stamps.append(time.perf_counter())
         return job
 
-    def step_job(i: int) -> Callable[[], None]:
-        def job() -> None:
-            for step in range(work.steps):
+    def step_job(i: int) -> Job:
+        def job(stop: threading.Event, stamps: list) -> None:
+            for step in itertools.cycle(range(work.steps)):
+                if stop.is_set():
+                    return
                 worlds[i].move(work.move_ids[step], work.move_boxes[step])
                 worlds[i].update()
+                stamps.append(time.perf_counter())
         return job
 
-    return {"query": scaling(query_job, QUERY_CALLS, None, repeats),
-            "steps": scaling(step_job, work.steps, None, repeats)}
+    return {"query": scaling(query_job, window, None, repeats),
+            "steps": scaling(step_job, window, None, repeats)}
 
 
 def _change(one: float | None, two: float | None) -> str:
     return "n/a" if one is None or two is None else f"{one:.2f} -> {two:.2f}"
 
 
-def report(wire: dict[str, Scaling], local: dict[str, Scaling]) -> list[str]:
-    lines = ["two busy worlds, best of the rounds. Of the worlds' threads (the server's; in-process, the benchmark's):",
-             "cores used, and how many were runnable (running or queued for a core); client: cores this process used",
+def report(wire: dict[str, Scaling], local: dict[str, Scaling], window: float) -> list[str]:
+    lines = [f"two busy worlds: work done in a {window:.2f} s window while every world was busy; medians of the",
+             "rounds, and the ratio the median of the rounds' own ratios.",
+             "Of the worlds' threads (the server's; in-process, the benchmark's) in that window: cores used, and how",
+             "many were runnable (running or queued for a core); client: cores this process used",
              f"{'':34}{'1 world':>10}{'2 worlds':>10}{'ratio':>8}{'cores used':>14}{'runnable':>14}{'client':>14}"]
     for key, label in (("query", "10k-query calls/s"), ("steps", "W1 steps/s, streamed")):
         for where, figures in (("server", wire[key]), ("in-process", local[key])):
-            one, two = figures.one, figures.two
+            one, two = typical(figures.ones), typical(figures.twos)
             lines.append(f"{f'{label}, {where}':34}{one.rate:10.2f}{two.rate:10.2f}{figures.ratio:8.2f}"
                          f"{_change(one.used, two.used):>14}{_change(one.runnable, two.runnable):>14}"
                          f"{_change(one.client, two.client):>14}"
