@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from dbvt.reference import Broadphase as Reference
-from dbvt_server import bench
+from dbvt_server.bench import wire as bench
 
 
 def write_w1(directory, work: bench.Workload) -> None:
@@ -55,7 +55,7 @@ def test_generated_world_follows_w1():
 
 
 def test_two_worlds_count_only_the_work_inside_the_window():
-    from dbvt_server.bench_parallel import completed_by
+    from dbvt_server.bench.parallel import completed_by
 
     stamps = [1.0, 2.0, 3.0, 4.0]
     # Half of the second operation and half of the fourth fall inside [1.5, 3.5].

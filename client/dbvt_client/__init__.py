@@ -6,8 +6,8 @@
         r = world.apply(create=(ids, boxes))        # r.tick, r.begun, r.ended
         offsets, hits = world.query_aabb(boxes)
 
-`AsyncClient` has the same methods, awaitable; `Client.local()` runs the same API in-process on
-`dbvt` (which is then needed; the SDK itself is pure Python). Errors raise one class per gRPC status,
+`AsyncClient` has the same methods, awaitable; `Client.local()` runs the same API in-process on the
+server's own worlds (which needs `pip install dbvt-server`; the SDK itself is pure Python). Errors raise one class per gRPC status,
 all subclasses of `DbvtError`.
 """
 from dbvt_client.aio import AsyncBatchStream, AsyncClient, AsyncWorld

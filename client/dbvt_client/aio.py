@@ -12,7 +12,7 @@ from dbvt_client.client import (DEFAULT_MAX_PROXIES_PER_WORLD, DEFAULT_MAX_WORLD
                                 world_info)
 from dbvt_client.errors import DbvtError, Unavailable, from_exception, from_rpc_error, from_status_number
 from dbvt_client.results import BatchResult, Hits, RayHits, WorldInfo
-from dbvt_client.transport import CHANNEL_OPTIONS, LocalTransport, local_transport
+from dbvt_client.transport import CHANNEL_OPTIONS, local_transport
 from dbvt_proto.v1 import broadphase_pb2 as pb
 from dbvt_proto.v1 import broadphase_pb2_grpc as pb_grpc
 
@@ -58,40 +58,6 @@ class _AsyncGrpcTransport:
         await self._channel.close()
 
 
-class _LocalStream:
-    """A stream on the in-process service: each message is handled as it is written."""
-
-    def __init__(self, local: LocalTransport):
-        self._local = local
-        self._staging = local.staging()
-        self._responses: asyncio.Queue = asyncio.Queue()
-
-    async def write(self, request) -> None:
-        response = await asyncio.to_thread(self._local.stream_step, self._staging, request)
-        if response is not None:
-            self._responses.put_nowait(response)
-
-    async def read(self):
-        return await self._responses.get()
-
-    async def done_writing(self) -> None:
-        self._responses.put_nowait(None)
-
-
-class _AsyncLocalTransport:
-    def __init__(self, local: LocalTransport):
-        self._local = local
-
-    async def unary(self, method: str, request):
-        return await asyncio.to_thread(self._local.unary, method, request)
-
-    def open_stream(self) -> _LocalStream:
-        return _LocalStream(self._local)
-
-    async def close(self) -> None:
-        """Nothing to release: the worlds go with the client."""
-
-
 class AsyncClient:
     """`Client` for asyncio: `async with AsyncClient("127.0.0.1:50051") as client: ...`."""
 
@@ -102,7 +68,7 @@ class AsyncClient:
     @classmethod
     def local(cls, *, max_worlds: int = DEFAULT_MAX_WORLDS,
               max_proxies_per_world: int = DEFAULT_MAX_PROXIES_PER_WORLD) -> "AsyncClient":
-        return cls("", _transport=_AsyncLocalTransport(local_transport(max_worlds, max_proxies_per_world)))
+        return cls("", _transport=local_transport(True, max_worlds, max_proxies_per_world))
 
     async def __aenter__(self) -> "AsyncClient":
         return self

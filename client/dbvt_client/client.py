@@ -52,7 +52,7 @@ class Client:
     def local(cls, *, max_worlds: int = DEFAULT_MAX_WORLDS,
               max_proxies_per_world: int = DEFAULT_MAX_PROXIES_PER_WORLD) -> "Client":
         """The same API on in-process `dbvt.Broadphase` worlds: no server, no network."""
-        return cls("", _transport=local_transport(max_worlds, max_proxies_per_world))
+        return cls("", _transport=local_transport(False, max_worlds, max_proxies_per_world))
 
     def __enter__(self) -> "Client":
         return self

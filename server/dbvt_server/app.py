@@ -10,12 +10,11 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from dbvt_client.service import Limits, Service
 from dbvt_proto.v1 import broadphase_pb2 as pb
 from dbvt_proto.v1 import broadphase_pb2_grpc as pb_grpc
 from dbvt_server.config import Config
+from dbvt_server.service import Limits, Service
 from dbvt_server.servicer import BroadphaseServicer
-from dbvt_server.world import WorldBroadphase
 
 log = logging.getLogger("dbvt_server")
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["BroadphaseService"].full_name
@@ -56,7 +55,7 @@ async def create_server(config: Config) -> Running:
         # Two servers must never share a port silently.
         ("grpc.so_reuseport", 0),
     ])
-    pb_grpc.add_BroadphaseServiceServicer_to_server(BroadphaseServicer(Service(limits, WorldBroadphase), executor),
+    pb_grpc.add_BroadphaseServiceServicer_to_server(BroadphaseServicer(Service(limits), executor),
                                                     server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

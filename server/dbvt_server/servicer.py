@@ -1,4 +1,4 @@
-"""The gRPC servicer: a thin adapter from `dbvt.v1.BroadphaseService` onto `dbvt_client.service`.
+"""The gRPC servicer: a thin adapter from `dbvt.v1.BroadphaseService` onto `dbvt_server.service`.
 
 Each world has one queue of operations (dbvt_server.world_queue): calls on one world run one at a
 time, in the order they arrived. The work itself runs on a thread pool, off the event loop, so
@@ -14,11 +14,12 @@ import weakref
 from concurrent.futures import Executor
 
 from dbvt_client.errors import from_exception
-from dbvt_client.service import BatchStaging, Service, stream_error
-from dbvt_client.worlds import WORLD_RPCS, World
 from dbvt_proto.v1 import broadphase_pb2 as pb
 from dbvt_proto.v1 import broadphase_pb2_grpc as pb_grpc
+from dbvt_server.service import Service
+from dbvt_server.staging import BatchStaging, stream_error
 from dbvt_server.world_queue import WorldQueue
+from dbvt_server.worlds import WORLD_RPCS, World
 
 log = logging.getLogger("dbvt_server")
 

@@ -10,10 +10,10 @@ The steps are streamed twice, each time to a new world: tick by tick (send a ste
 pair changes) and with two ticks in flight (send step t+1, then read step t's answer), which the
 stream is built for; the in-process figures beside them are the median and the mean step. Beside the
 tick-by-tick figure stand two controls: bare gRPC with the same message sizes and work time
-(dbvt_server.bench_floor), and the in-process step taken after its thread has slept as long as a
+(dbvt_server.bench.floor), and the in-process step taken after its thread has slept as long as a
 world thread does between ticks. Move-only ingest streams every step's moves again, all pipelined,
 to a query-only world (track_pairs=False, so nothing comes back but the tick) that has seen every
-step once before. The two-busy-worlds figures are described in dbvt_server.bench_parallel.
+step once before. The two-busy-worlds figures are described in dbvt_server.bench.parallel.
 """
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ import time
 import numpy as np
 
 from dbvt_client import Client
-from dbvt_server import bench_floor, bench_parallel
+from dbvt_server.bench import floor as bench_floor
+from dbvt_server.bench import parallel as bench_parallel
 
 LISTENING = re.compile(r"listening on \S+:(\d+)")
 
@@ -282,7 +283,7 @@ def report(work: Workload, wire: list[dict], local: list[dict], floor: float) ->
         row("create all, ms", "create", 1e3, 1, ""),
         row("streamed step, tick by tick, ms", "step", 1e3, 2, "<= 1.5x"),
         f"{'  beyond the in-process step, ms':40}{(median_of(wire, 'step') - median_of(local, 'step')) * 1e3:14.2f}",
-        f"{'  bare gRPC, same sizes and work, ms':40}{floor * 1e3:14.2f}  (dbvt_server.bench_floor)",
+        f"{'  bare gRPC, same sizes and work, ms':40}{floor * 1e3:14.2f}  (dbvt_server.bench.floor)",
         f"{f'  in-process after {REST_BEFORE_STEP * 1e3:.0f} ms asleep, ms':40}{'':14}"
         f"{median_of(local, 'rested_step') * 1e3:12.2f}{ratio_of(wire, local, 'step', 'rested_step'):8.2f}"
         "  (the tick-by-tick step against it)",

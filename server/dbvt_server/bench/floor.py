@@ -6,7 +6,7 @@ thread has applied it. A synchronous client sends messages of a streamed step's 
 each answer, as `BatchStream.apply()` does. The round trip minus the wait is the floor: the thread
 hand-offs, HTTP/2 and the kernel, which any server built this way pays.
 
-    python -m dbvt_server.bench_floor --serve     # the child: prints its port, serves until killed
+    python -m dbvt_server.bench.floor --serve     # the child: prints its port, serves until killed
 """
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ async def _serve() -> None:
 
 def floor(work_seconds: float, request_bytes: int, answer_bytes: int, rounds: int = ROUNDS) -> float:
     """Median seconds a round trip takes beyond `work_seconds` of work on the server's thread."""
-    process = subprocess.Popen([sys.executable, "-m", "dbvt_server.bench_floor", "--serve"],
+    process = subprocess.Popen([sys.executable, "-m", "dbvt_server.bench.floor", "--serve"],
                                stdout=subprocess.PIPE, text=True, cwd=tempfile.gettempdir())
     try:
         port = int(process.stdout.readline())

@@ -1,7 +1,7 @@
 """A world: one `dbvt.Broadphase`, its tick, and the protocol's atomic batch on top of it.
 
 This is the service itself, transport aside: dbvt-server runs it behind gRPC and `Client.local()`
-calls it in-process, so both answer every request (and every bad one) identically. Requests come in
+calls it in-process (`dbvt_server.local`), so both answer every request (and every bad one) identically. Requests come in
 and responses go out as the generated messages; numpy sits in between. Not thread-safe: callers
 serialize the calls on one world (the server with one lock per world).
 """
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from dbvt import Broadphase, validation
 from dbvt_client import wire
 from dbvt_client.errors import InvalidArgument, ResourceExhausted
 from dbvt_proto.v1 import broadphase_pb2 as pb
@@ -31,10 +32,10 @@ def _renamed(exc: Exception, field: str) -> Exception:
 
 
 class World:
-    def __init__(self, name: str, dims: int, margin: float, max_proxies: int, track_pairs: bool, broadphase_class):
+    def __init__(self, name: str, dims: int, margin: float, max_proxies: int, track_pairs: bool):
         self.name = name
         self.max_proxies = max_proxies
-        self.broadphase = broadphase_class(dims=dims, margin=margin, track_pairs=track_pairs)
+        self.broadphase = Broadphase(dims=dims, margin=margin, track_pairs=track_pairs)
         self.dims = int(dims)
         self.margin = float(margin)
         self.track_pairs = bool(track_pairs)
@@ -61,9 +62,6 @@ class World:
         destroy ids are checked against the world beforehand whenever an earlier step could already
         have changed it, and ids are distinct across the batch, so nothing after create can fail.
         """
-        # Imported here: worlds only exist where dbvt does, and the SDK must import without it.
-        from dbvt import validation
-
         dims, bp = self.dims, self.broadphase
         create_ids = self._ids(batch.create_ids, "create_ids")
         move_ids = self._ids(batch.move_ids, "move_ids")

@@ -1,0 +1,95 @@
+"""The service in-process, for `Client.local()` and `AsyncClient.local()`: no server, no network.
+
+These transports speak the SDK's transport interface (`unary`, `stream`/`open_stream`, `close`) and
+raise the SDK's error classes, so everything above them is the same code for local and remote worlds.
+The SDK imports this module only when `local()` is called, so it installs without the server.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Iterable, Iterator
+
+from dbvt_client.errors import from_exception
+from dbvt_proto.v1 import broadphase_pb2 as pb
+from dbvt_server.service import Limits, Service
+from dbvt_server.staging import BatchStaging, stream_error
+
+# In-process calls carry no messages, so nothing needs splitting.
+UNLIMITED_MESSAGE_BYTES = 2**62
+
+
+class LocalTransport:
+    """The service in-process; one lock makes it safe to share between threads."""
+
+    def __init__(self, max_worlds: int, max_proxies_per_world: int):
+        self.service = Service(Limits(max_worlds, max_proxies_per_world, UNLIMITED_MESSAGE_BYTES))
+        self._lock = threading.Lock()
+
+    def unary(self, method: str, request):
+        with self._lock:
+            try:
+                return self.service.call(method, request)
+            except Exception as exc:
+                raise from_exception(exc) from None
+
+    def stream(self, requests: Iterable[pb.StreamBatchesRequest]) -> Iterator[pb.StreamBatchesResponse]:
+        staging = self.staging()
+        for request in requests:
+            response = self.stream_step(staging, request)
+            if response is not None:
+                yield response
+
+    def staging(self) -> BatchStaging:
+        return BatchStaging(self.service.limits)
+
+    def stream_step(self, staging: BatchStaging, request: pb.StreamBatchesRequest) -> pb.StreamBatchesResponse | None:
+        """The answer to one stream message: None while a multi-part batch is still arriving."""
+        try:
+            batch = staging.add(request)
+            if batch is None:
+                return None
+            with self._lock:
+                result = self.service.world(request.world).apply(batch)
+            return pb.StreamBatchesResponse(sequence=request.sequence, result=result)
+        except Exception as exc:
+            return stream_error(request.sequence, from_exception(exc))
+
+    def close(self) -> None:
+        """Nothing to release: the worlds go with the client."""
+
+
+class _LocalStream:
+    """A stream on the in-process service: each message is handled as it is written."""
+
+    def __init__(self, local: LocalTransport):
+        self._local = local
+        self._staging = local.staging()
+        self._responses: asyncio.Queue = asyncio.Queue()
+
+    async def write(self, request) -> None:
+        response = await asyncio.to_thread(self._local.stream_step, self._staging, request)
+        if response is not None:
+            self._responses.put_nowait(response)
+
+    async def read(self):
+        return await self._responses.get()
+
+    async def done_writing(self) -> None:
+        self._responses.put_nowait(None)
+
+
+class AsyncLocalTransport:
+    """`LocalTransport` for `AsyncClient`: each call runs on a thread, off the event loop."""
+
+    def __init__(self, max_worlds: int, max_proxies_per_world: int):
+        self._local = LocalTransport(max_worlds, max_proxies_per_world)
+
+    async def unary(self, method: str, request):
+        return await asyncio.to_thread(self._local.unary, method, request)
+
+    def open_stream(self) -> _LocalStream:
+        return _LocalStream(self._local)
+
+    async def close(self) -> None:
+        """Nothing to release: the worlds go with the client."""

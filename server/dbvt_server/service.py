@@ -1,0 +1,87 @@
+"""The registry of worlds and the in-process form of every unary RPC.
+
+`Service.call(method, request)` answers any unary RPC by name (that is what `Client.local()` uses);
+the gRPC servicer instead runs the world RPCs (`worlds.WORLD_RPCS`) itself, on that world's queue,
+to keep the event loop free.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from dbvt_client.errors import AlreadyExists, InvalidArgument, NotFound, ResourceExhausted
+from dbvt_proto.v1 import broadphase_pb2 as pb
+from dbvt_server import __version__
+from dbvt_server.worlds import WORLD_RPCS, World
+
+DEFAULT_DIMS = 3
+DEFAULT_MARGIN = 0.05
+MAX_NAME_LENGTH = 128
+
+
+class Limits:
+    def __init__(self, max_worlds: int, max_proxies_per_world: int, max_message_bytes: int):
+        self.max_worlds = max_worlds
+        self.max_proxies_per_world = max_proxies_per_world
+        self.max_message_bytes = max_message_bytes
+
+
+class Service:
+    def __init__(self, limits: Limits):
+        self.limits = limits
+        self._worlds: dict[str, World] = {}
+
+    def world(self, name: str) -> World:
+        try:
+            return self._worlds[name]
+        except KeyError:
+            raise NotFound(f"no world named {name!r}") from None
+
+    def server_info(self, request: pb.GetServerInfoRequest) -> pb.GetServerInfoResponse:
+        return pb.GetServerInfoResponse(version=__version__, max_message_bytes=self.limits.max_message_bytes,
+                                        max_worlds=self.limits.max_worlds,
+                                        max_proxies_per_world=self.limits.max_proxies_per_world)
+
+    def create_world(self, request: pb.CreateWorldRequest) -> pb.CreateWorldResponse:
+        name = request.name
+        if not 1 <= len(name) <= MAX_NAME_LENGTH or not name.isprintable():
+            raise InvalidArgument(f"world name must be 1 to {MAX_NAME_LENGTH} printable characters, not {name!r}")
+        dims = request.dims or DEFAULT_DIMS
+        if dims not in (2, 3):
+            raise InvalidArgument(f"dims must be 2 or 3, not {dims}")
+        margin = request.margin if request.HasField("margin") else DEFAULT_MARGIN
+        if not np.isfinite(margin) or margin < 0:
+            raise InvalidArgument(f"margin must be a finite number >= 0, not {margin}")
+        limit = self.limits.max_proxies_per_world
+        max_proxies = request.max_proxies or limit
+        if max_proxies > limit:
+            raise ResourceExhausted(f"max_proxies {max_proxies} is above the server's limit of {limit} per world")
+        if name in self._worlds:
+            raise AlreadyExists(f"a world named {name!r} already exists")
+        if len(self._worlds) >= self.limits.max_worlds:
+            raise ResourceExhausted(f"the server already holds its limit of {self.limits.max_worlds} worlds")
+        track_pairs = request.track_pairs if request.HasField("track_pairs") else True
+        world = World(name, dims, margin, max_proxies, track_pairs)
+        self._worlds[name] = world
+        return pb.CreateWorldResponse(world=world.info())
+
+    def delete_world(self, request: pb.DeleteWorldRequest) -> pb.DeleteWorldResponse:
+        self.world(request.name)
+        del self._worlds[request.name]
+        return pb.DeleteWorldResponse()
+
+    def list_worlds(self, request: pb.ListWorldsRequest) -> pb.ListWorldsResponse:
+        return pb.ListWorldsResponse(worlds=[self._worlds[name].info() for name in sorted(self._worlds)])
+
+    def call(self, method: str, request):
+        """Any unary RPC, in-process."""
+        if method in WORLD_RPCS:
+            return WORLD_RPCS[method](self.world(request.world), request)
+        return getattr(self, REGISTRY_RPCS[method])(request)
+
+
+REGISTRY_RPCS = {
+    "GetServerInfo": "server_info",
+    "CreateWorld": "create_world",
+    "DeleteWorld": "delete_world",
+    "ListWorlds": "list_worlds",
+}
