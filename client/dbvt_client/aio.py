@@ -12,7 +12,7 @@ from dbvt_client.client import (DEFAULT_MAX_PROXIES_PER_WORLD, DEFAULT_MAX_WORLD
                                 world_info)
 from dbvt_client.errors import DbvtError, Unavailable, from_exception, from_rpc_error, from_status_number
 from dbvt_client.results import BatchResult, Hits, RayHits, WorldInfo
-from dbvt_client.transport import CHANNEL_OPTIONS, local_transport
+from dbvt_client.transport import CHANNEL_OPTIONS, checked_target, local_transport
 from dbvt_proto.v1 import broadphase_pb2 as pb
 from dbvt_proto.v1 import broadphase_pb2_grpc as pb_grpc
 
@@ -41,7 +41,7 @@ class _GrpcStream:
 
 class _AsyncGrpcTransport:
     def __init__(self, target: str, timeout: float | None):
-        self._channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+        self._channel = grpc.aio.insecure_channel(checked_target(target), options=CHANNEL_OPTIONS)
         self._stub = pb_grpc.BroadphaseServiceStub(self._channel)
         self._timeout = timeout
 

