@@ -7,7 +7,9 @@ import asyncio
 
 import pytest
 
-from dbvt_client import AsyncClient, Client
+from dbvt_client import AsyncClient, Client, Unavailable
+from dbvt_proto.v1 import broadphase_pb2 as pb
+from servers import ServerThread
 
 
 # ---- 2. targets without a port ----------------------------------------------------------------------
@@ -43,3 +45,37 @@ def test_scheme_forms_reach_the_server(server):
     for target in (f"dns:///127.0.0.1:{port}", f"ipv4:127.0.0.1:{port}"):
         with Client(target) as client:
             assert client.server_info()["max_worlds"] > 0
+
+
+# ---- 8. a stream whose server went away ---------------------------------------------------------------
+SERVER_CLOSED = r"^the server closed the batch stream \(.+\)$"
+
+
+def test_a_stream_says_its_server_closed_it():
+    server = ServerThread()
+    with Client(server.target) as client:
+        stream = client.create_world("cut").stream()
+        assert stream.apply().tick == 1
+        server.stop()
+        with pytest.raises(Unavailable, match=SERVER_CLOSED):
+            stream.apply()
+        stream.close()
+
+
+def test_an_async_stream_says_its_server_closed_it():
+    async def scenario():
+        server = ServerThread()
+        async with AsyncClient(server.target) as client:
+            world = await client.create_world("cut")
+            # A stream read by nobody, to write on once its call has ended: asyncio's InvalidStateError then.
+            unread = client._transport.open_stream()
+            await unread.write(pb.StreamBatchesRequest(world="cut", sequence=1))
+            async with world.stream() as stream:
+                assert (await stream.apply()).tick == 2
+                await asyncio.to_thread(server.stop)
+                with pytest.raises(Unavailable, match=SERVER_CLOSED):
+                    await stream.apply()
+            with pytest.raises(Unavailable, match=SERVER_CLOSED):
+                await unread.write(pb.StreamBatchesRequest(world="cut", sequence=2))
+
+    asyncio.run(scenario())

@@ -10,7 +10,8 @@ import grpc
 from dbvt_client import batches, queries
 from dbvt_client.client import (DEFAULT_MAX_PROXIES_PER_WORLD, DEFAULT_MAX_WORLDS, create_request, stats_dict,
                                 world_info)
-from dbvt_client.errors import DbvtError, Unavailable, from_exception, from_rpc_error, from_status_number
+from dbvt_client.errors import (DbvtError, Unavailable, from_exception, from_rpc_error, from_status_number,
+                                from_stream_status)
 from dbvt_client.results import BatchResult, Hits, RayHits, WorldInfo
 from dbvt_client.transport import CHANNEL_OPTIONS, checked_target, local_transport
 from dbvt_proto.v1 import broadphase_pb2 as pb
@@ -24,15 +25,17 @@ class _GrpcStream:
     async def write(self, request) -> None:
         try:
             await self._call.write(request)
-        except grpc.RpcError as error:
-            raise from_rpc_error(error) from None
+        except (grpc.RpcError, asyncio.InvalidStateError):
+            # A write fails only once the call is over, and gRPC then says "RPC already finished" or,
+            # with answers still unread, "Internal error from Core": say that the stream is closed.
+            raise from_stream_status(grpc.StatusCode.UNAVAILABLE, await self._call.details()) from None
 
     async def read(self):
         """The next response, or None at the end of the stream."""
         try:
             response = await self._call.read()
         except grpc.RpcError as error:
-            raise from_rpc_error(error) from None
+            raise from_stream_status(error.code(), error.details()) from None
         return None if response is grpc.aio.EOF else response
 
     async def done_writing(self) -> None:

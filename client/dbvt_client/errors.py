@@ -84,6 +84,15 @@ def from_rpc_error(error: grpc.RpcError) -> DbvtError:
     return from_status(error.code(), error.details() or "")
 
 
+def from_stream_status(code: grpc.StatusCode, details: str) -> DbvtError:
+    """The error that ended a batch stream. A stream fails as a whole only when it is cut off (a rejected
+    batch is answered within it), and gRPC's own words for that ("Cancelling all calls", "Socket
+    closed") do not say what was cut off."""
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return Unavailable(f"the server closed the batch stream ({details or code.name})")
+    return from_status(code, details)
+
+
 def from_exception(exc: BaseException) -> DbvtError:
     """Python exceptions of the core and of argument conversion, as the SDK's classes."""
     if isinstance(exc, DbvtError):

@@ -9,7 +9,7 @@ from typing import Iterable, Iterator
 
 import grpc
 
-from dbvt_client.errors import from_rpc_error
+from dbvt_client.errors import from_rpc_error, from_stream_status
 from dbvt_proto.v1 import broadphase_pb2 as pb
 from dbvt_proto.v1 import broadphase_pb2_grpc as pb_grpc
 
@@ -64,7 +64,7 @@ class GrpcTransport:
         try:
             yield from self._stub.StreamBatches(iter(requests))
         except grpc.RpcError as error:
-            raise from_rpc_error(error) from None
+            raise from_stream_status(error.code(), error.details()) from None
 
     def close(self) -> None:
         self._channel.close()
