@@ -7,9 +7,14 @@ import asyncio
 
 import pytest
 
-from dbvt_client import AsyncClient, Client, Unavailable
+from dbvt_client import AsyncClient, Client, InvalidArgument, NotFound, Unavailable
 from dbvt_proto.v1 import broadphase_pb2 as pb
 from servers import ServerThread
+
+
+def stream_apply(world, **batch):
+    with world.stream() as stream:
+        return stream.apply(**batch)
 
 
 # ---- 2. targets without a port ----------------------------------------------------------------------
@@ -45,6 +50,25 @@ def test_scheme_forms_reach_the_server(server):
     for target in (f"dns:///127.0.0.1:{port}", f"ipv4:127.0.0.1:{port}"):
         with Client(target) as client:
             assert client.server_info()["max_worlds"] > 0
+
+
+# ---- 6. huge names are cut in messages -----------------------------------------------------------------
+# 10 KB each; the second is also 10,000 characters once its message is percent-encoded three times over.
+HUGE_NAMES = ["x" * 10_000, "é" * 5_000]
+
+
+@pytest.mark.parametrize("name", HUGE_NAMES, ids=["ascii", "accented"])
+def test_a_huge_name_is_cut_in_every_message(client, name):
+    shown = f"{name[:40] + '…'!r} ({len(name)} characters)"
+    for _ in range(5):  # past gRPC's soft metadata limit, a message was refused only now and then
+        with pytest.raises(InvalidArgument) as caught:
+            client.create_world(name)
+        assert str(caught.value) == f"world name must be 1 to 128 printable characters, not {shown}"
+        for call in (client.world(name).pairs, client.world(name).stats, lambda: client.delete_world(name),
+                     lambda: client.world(name).apply(destroy=[1]), lambda: stream_apply(client.world(name))):
+            with pytest.raises(NotFound) as caught:
+                call()
+            assert str(caught.value) == f"no world named {shown}"
 
 
 # ---- 8. a stream whose server went away ---------------------------------------------------------------

@@ -93,6 +93,19 @@ def from_stream_status(code: grpc.StatusCode, details: str) -> DbvtError:
     return from_status(code, details)
 
 
+# Longer names are cut in messages: a message is sent as gRPC metadata, whose size is limited (past
+# 8 KiB gRPC may drop it and answer RESOURCE_EXHAUSTED instead), and a name is only echoed to be recognized.
+NAME_SHOWN_WHOLE = 64
+NAME_CUT_TO = 40
+
+
+def quoted(name: str) -> str:
+    """A world name as messages show it: quoted, and cut when long ('abc…' (10000 characters))."""
+    if len(name) <= NAME_SHOWN_WHOLE:
+        return repr(name)
+    return f"{name[:NAME_CUT_TO] + '…'!r} ({len(name)} characters)"
+
+
 def from_exception(exc: BaseException) -> DbvtError:
     """Python exceptions of the core and of argument conversion, as the SDK's classes."""
     if isinstance(exc, DbvtError):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dbvt_client.errors import AlreadyExists, InvalidArgument, NotFound, ResourceExhausted
+from dbvt_client.errors import AlreadyExists, InvalidArgument, NotFound, ResourceExhausted, quoted
 from dbvt_proto.v1 import broadphase_pb2 as pb
 from dbvt_server import __version__
 from dbvt_server.worlds import WORLD_RPCS, World
@@ -34,7 +34,7 @@ class Service:
         try:
             return self._worlds[name]
         except KeyError:
-            raise NotFound(f"no world named {name!r}") from None
+            raise NotFound(f"no world named {quoted(name)}") from None
 
     def server_info(self, request: pb.GetServerInfoRequest) -> pb.GetServerInfoResponse:
         return pb.GetServerInfoResponse(version=__version__, max_message_bytes=self.limits.max_message_bytes,
@@ -44,7 +44,7 @@ class Service:
     def create_world(self, request: pb.CreateWorldRequest) -> pb.CreateWorldResponse:
         name = request.name
         if not 1 <= len(name) <= MAX_NAME_LENGTH or not name.isprintable():
-            raise InvalidArgument(f"world name must be 1 to {MAX_NAME_LENGTH} printable characters, not {name!r}")
+            raise InvalidArgument(f"world name must be 1 to {MAX_NAME_LENGTH} printable characters, not {quoted(name)}")
         dims = request.dims or DEFAULT_DIMS
         if dims not in (2, 3):
             raise InvalidArgument(f"dims must be 2 or 3, not {dims}")
@@ -56,7 +56,7 @@ class Service:
         if max_proxies > limit:
             raise ResourceExhausted(f"max_proxies {max_proxies} is above the server's limit of {limit} per world")
         if name in self._worlds:
-            raise AlreadyExists(f"a world named {name!r} already exists")
+            raise AlreadyExists(f"a world named {quoted(name)} already exists")
         if len(self._worlds) >= self.limits.max_worlds:
             raise ResourceExhausted(f"the server already holds its limit of {self.limits.max_worlds} worlds")
         track_pairs = request.track_pairs if request.HasField("track_pairs") else True

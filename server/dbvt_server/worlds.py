@@ -11,7 +11,7 @@ import numpy as np
 
 from dbvt import Broadphase, validation
 from dbvt_client import wire
-from dbvt_client.errors import InvalidArgument, ResourceExhausted
+from dbvt_client.errors import InvalidArgument, ResourceExhausted, quoted
 from dbvt_proto.v1 import broadphase_pb2 as pb
 
 BATCH_OPS = ("create_ids", "move_ids", "destroy_ids")
@@ -89,7 +89,7 @@ class World:
             self._check_present(destroy_ids, "destroy")
         if len(bp) + n - len(destroy_ids) > self.max_proxies:
             raise ResourceExhausted(
-                f"world {self.name!r} would hold {len(bp) + n - len(destroy_ids)} proxies, "
+                f"world {quoted(self.name)} would hold {len(bp) + n - len(destroy_ids)} proxies, "
                 f"more than its limit of {self.max_proxies}")
         if n:
             try:
