@@ -126,10 +126,13 @@ def test_world_settings_are_checked(client):
         client.create_world("w")
     with pytest.raises(InvalidArgument, match="dims must be 2 or 3, not 4"):
         client.create_world("x", dims=4)
-    with pytest.raises(InvalidArgument, match="dims=-1"):
+    with pytest.raises(InvalidArgument, match="create_world: dims must be 2 or 3, not -1"):
         client.create_world("x", dims=-1)
     with pytest.raises(InvalidArgument, match="margin must be a finite number >= 0"):
         client.create_world("x", margin=-1)
+    with pytest.raises(AlreadyExists, match="world 'w' exists with dims=3, not 2"):
+        client.create_world("w", dims=2, exist_ok=True)
+    assert client.create_world("w", exist_ok=True).name == "w"
     with pytest.raises(InvalidArgument, match="world name must be 1 to 128 printable characters"):
         client.create_world("")
     with pytest.raises(ResourceExhausted, match="above the server's limit of 50"):

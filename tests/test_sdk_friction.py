@@ -5,16 +5,86 @@ from __future__ import annotations
 
 import asyncio
 
+import numpy as np
 import pytest
 
-from dbvt_client import AsyncClient, Client, InvalidArgument, NotFound, Unavailable
+from dbvt_client import AlreadyExists, AsyncClient, Client, InvalidArgument, NotFound, Unavailable
 from dbvt_proto.v1 import broadphase_pb2 as pb
 from servers import ServerThread
+
+UNIT = np.array([[0, 0, 0, 1, 1, 1]], np.float32)
 
 
 def stream_apply(world, **batch):
     with world.stream() as stream:
         return stream.apply(**batch)
+
+
+# ---- 1. create_world(..., exist_ok=True) ---------------------------------------------------------------
+def test_exist_ok_returns_the_world_already_there(client):
+    made = client.create_world("loop", dims=2, margin=0.1, max_proxies=500)
+    made.apply(create=([7], UNIT[:, [0, 1, 3, 4]]))
+    again = client.create_world("loop", dims=2, margin=0.1, exist_ok=True)
+    assert again.info() == made.info() and again.info().proxies == 1
+    assert client.create_world("loop", dims=2, margin=0.1, max_proxies=500, exist_ok=True).info().tick == 1
+    assert client.create_world("fresh", exist_ok=True).info().proxies == 0
+    assert client.list_worlds() == ["fresh", "loop"]
+
+
+@pytest.mark.parametrize("settings, message", [
+    (dict(margin=0.1), "world 'loop' exists with dims=2, not 3"),
+    (dict(dims=2, margin=0.05), "world 'loop' exists with margin=0.1, not 0.05"),
+    (dict(dims=2, margin=0.1, track_pairs=False), "world 'loop' exists with track_pairs=True, not False"),
+    (dict(dims=2, margin=0.1, max_proxies=50), "world 'loop' exists with max_proxies=500, not 50"),
+    (dict(dims=3, margin=0.0), "world 'loop' exists with dims=2, not 3; margin=0.1, not 0.0"),
+])
+def test_exist_ok_names_each_difference(client, settings, message):
+    client.create_world("loop", dims=2, margin=0.1, max_proxies=500)
+    with pytest.raises(AlreadyExists) as caught:
+        client.create_world("loop", exist_ok=True, **settings)
+    assert str(caught.value) == message
+    with pytest.raises(AlreadyExists, match=r"a world named 'loop' already exists \(exist_ok=True returns it"):
+        client.create_world("loop", dims=2, margin=0.1)
+
+
+def test_create_world_response_says_whether_it_created(client):
+    """`created`, for the server's log: true only for the call that made the world."""
+    request = pb.CreateWorldRequest(name="loop", dims=2, exist_ok=True)
+    answers = [client._transport.unary("CreateWorld", request) for _ in range(2)]
+    assert [answer.created for answer in answers] == [True, False]
+    assert answers[1].world.dims == 2
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (dict(exist_ok="yes"), "create_world: exist_ok must be True or False, not 'yes'"),
+    (dict(exist_ok=None), "create_world: exist_ok must be True or False, not None"),
+    (dict(track_pairs=1), "create_world: track_pairs must be True or False, not 1"),
+    (dict(dims=-1), "create_world: dims must be 2 or 3, not -1"),
+    (dict(dims="3"), "create_world: dims must be 2 or 3, not '3'"),
+    (dict(margin="0.1"), "create_world: margin must be a finite number >= 0, not '0.1'"),
+    (dict(max_proxies=-5), "create_world: max_proxies must be None or an integer >= 0, not -5"),
+    (dict(name=5), "create_world: the world name must be a str, not int"),
+])
+def test_create_world_names_the_bad_argument(client, arguments, message):
+    with pytest.raises(InvalidArgument) as caught:
+        client.create_world(**{"name": "loop", **arguments})
+    assert str(caught.value) == message
+    assert client.list_worlds() == []
+
+
+def test_async_create_world_exist_ok(mode, server):
+    async def scenario():
+        async with AsyncClient(server.target) if mode == "grpc" else AsyncClient.local() as client:
+            made = await client.create_world("async-loop", dims=2)
+            await made.apply(create=([1], [[0, 0, 1, 1]]))
+            again = await client.create_world("async-loop", dims=2, exist_ok=True)
+            with pytest.raises(AlreadyExists, match="world 'async-loop' exists with dims=2, not 3"):
+                await client.create_world("async-loop", exist_ok=True)
+            proxies = (await again.info()).proxies
+            await client.delete_world("async-loop")
+            return proxies
+
+    assert asyncio.run(scenario()) == 1
 
 
 # ---- 2. targets without a port ----------------------------------------------------------------------
@@ -69,6 +139,15 @@ def test_a_huge_name_is_cut_in_every_message(client, name):
             with pytest.raises(NotFound) as caught:
                 call()
             assert str(caught.value) == f"no world named {shown}"
+
+
+def test_a_long_valid_name_is_cut_too(client):
+    name = "n" * 100
+    client.create_world(name)
+    with pytest.raises(AlreadyExists, match=r"^world 'n{40}…' \(100 characters\) exists with dims=3, not 2$"):
+        client.create_world(name, dims=2, exist_ok=True)
+    with pytest.raises(AlreadyExists, match=r"^a world named 'n{40}…' \(100 characters\) already exists"):
+        client.create_world(name)
 
 
 # ---- 8. a stream whose server went away ---------------------------------------------------------------

@@ -92,9 +92,11 @@ class AsyncClient:
             self._max_message_bytes = (await self.server_info())["max_message_bytes"]
         return self._max_message_bytes
 
-    async def create_world(self, name: str, dims: int = 3, margin: float = 0.05, *,
-                           max_proxies: int | None = None, track_pairs: bool = True) -> "AsyncWorld":
-        await self._transport.unary("CreateWorld", create_request(name, dims, margin, max_proxies, track_pairs))
+    async def create_world(self, name: str, dims: int = 3, margin: float = 0.05, *, max_proxies: int | None = None,
+                           track_pairs: bool = True, exist_ok: bool = False) -> "AsyncWorld":
+        """See `Client.create_world`, `exist_ok` included."""
+        request = create_request(name, dims, margin, max_proxies, track_pairs, exist_ok)
+        await self._transport.unary("CreateWorld", request)
         return AsyncWorld(self, name)
 
     def world(self, name: str) -> "AsyncWorld":
