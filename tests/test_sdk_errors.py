@@ -130,6 +130,8 @@ def test_world_settings_are_checked(client):
         client.create_world("x", dims=-1)
     with pytest.raises(InvalidArgument, match="margin must be a finite number >= 0"):
         client.create_world("x", margin=-1)
+    with pytest.raises(InvalidArgument, match=r"fits a float32 \(at most 3.4028235e\+38\), not 1e\+300"):
+        client.create_world("x", margin=1e300)
     with pytest.raises(AlreadyExists, match="world 'w' exists with dims=3, not 2"):
         client.create_world("w", dims=2, exist_ok=True)
     assert client.create_world("w", exist_ok=True).name == "w"

@@ -122,6 +122,17 @@ def test_scheme_forms_reach_the_server(server):
             assert client.server_info()["max_worlds"] > 0
 
 
+# ---- 5. margins beyond float32 ------------------------------------------------------------------------
+@pytest.mark.parametrize("margin", [1e300, 3.5e38])
+def test_a_margin_beyond_float32_is_refused(client, margin):
+    with pytest.raises(InvalidArgument) as caught:
+        client.create_world("wide", margin=margin)
+    assert str(caught.value) == ("margin must be a finite number >= 0 that fits a float32 (at most 3.4028235e+38), "
+                                 f"not {margin}")
+    assert client.list_worlds() == []
+    assert client.create_world("wide", margin=3.4e38).info().margin == 3.4e38
+
+
 # ---- 6. huge names are cut in messages -----------------------------------------------------------------
 # 10 KB each; the second is also 10,000 characters once its message is percent-encoded three times over.
 HUGE_NAMES = ["x" * 10_000, "é" * 5_000]

@@ -16,6 +16,7 @@ from dbvt_server.worlds import WORLD_RPCS, World
 DEFAULT_DIMS = 3
 DEFAULT_MARGIN = 0.05
 MAX_NAME_LENGTH = 128
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 class Limits:
@@ -61,8 +62,10 @@ class Service:
         if dims not in (2, 3):
             raise InvalidArgument(f"dims must be 2 or 3, not {dims}")
         margin = request.margin if request.HasField("margin") else DEFAULT_MARGIN
-        if not np.isfinite(margin) or margin < 0:
-            raise InvalidArgument(f"margin must be a finite number >= 0, not {margin}")
+        # The core keeps the margin as a float32: a larger one would be infinite there.
+        if not np.isfinite(margin) or not 0 <= margin <= FLOAT32_MAX:
+            raise InvalidArgument(f"margin must be a finite number >= 0 that fits a float32 "
+                                  f"(at most {FLOAT32_MAX:.8g}), not {margin}")
         limit = self.limits.max_proxies_per_world
         max_proxies = request.max_proxies or limit
         if max_proxies > limit:

@@ -117,7 +117,9 @@ class CreateWorldRequest(_message.Message):
     dims: _builtins.int
     """2 or 3; 0 means 3."""
     margin: _builtins.float
-    """Fat-box margin of the tree; unset means 0.05."""
+    """Fat-box margin of the tree: finite, >= 0, and within float32 (the core keeps it as one); unset
+    means 0.05.
+    """
     max_proxies: _builtins.int
     """Limit on the world's proxies; 0 means the server's limit, more than it is refused."""
     track_pairs: _builtins.bool
