@@ -122,6 +122,14 @@ def test_scheme_forms_reach_the_server(server):
             assert client.server_info()["max_worlds"] > 0
 
 
+# ---- 3. shapes, not bytes -----------------------------------------------------------------------------
+def test_a_scalar_radius_serves_every_center(client):
+    world = client.create_world("spheres")
+    world.apply(create=([1, 2], np.array([[0, 0, 0, 1, 1, 1], [5, 5, 5, 6, 6, 6]], np.float32)))
+    offsets, hits = world.query_sphere(np.array([[0, 0, 0], [5, 5, 5], [9, 9, 9]], np.float32), 0.5)
+    assert offsets.tolist() == [0, 1, 2, 2] and hits.tolist() == [1, 2]
+
+
 # ---- 5. margins beyond float32 ------------------------------------------------------------------------
 @pytest.mark.parametrize("margin", [1e300, 3.5e38])
 def test_a_margin_beyond_float32_is_refused(client, margin):
