@@ -20,6 +20,12 @@ def stream_apply(world, **batch):
         return stream.apply(**batch)
 
 
+def failure(call) -> tuple[type, str]:
+    with pytest.raises(Exception) as caught:
+        call()
+    return type(caught.value), str(caught.value)
+
+
 # ---- 1. create_world(..., exist_ok=True) ---------------------------------------------------------------
 def test_exist_ok_returns_the_world_already_there(client):
     made = client.create_world("loop", dims=2, margin=0.1, max_proxies=500)
@@ -123,6 +129,39 @@ def test_scheme_forms_reach_the_server(server):
 
 
 # ---- 3. shapes, not bytes -----------------------------------------------------------------------------
+@pytest.mark.parametrize("dims, call, message", [
+    (3, lambda w: w.apply(create=([1], np.zeros((1, 4)))), "create_boxes must be (n, 6) for a 3-D world, got (1, 4)"),
+    (3, lambda w: w.apply(move=([1], np.zeros((1, 4)))), "move_boxes must be (n, 6) for a 3-D world, got (1, 4)"),
+    (2, lambda w: w.apply(create=([1, 2], np.zeros((2, 6)))),
+     "create_boxes must be (n, 4) for a 2-D world, got (2, 6)"),
+    (3, lambda w: w.query_aabb(np.zeros((5, 4))), "boxes must be (n, 6) for a 3-D world, got (5, 4)"),
+    (3, lambda w: w.raycast(np.zeros((2, 4))), "segments must be (n, 6) for a 3-D world, got (2, 4)"),
+    (3, lambda w: w.query_sphere(np.zeros((3, 2)), 1.0), "centers must be (n, 3) for a 3-D world, got (3, 2)"),
+    (3, lambda w: w.query_frustum(np.zeros((1, 6, 3))), "planes must be (q, k, 4) for a 3-D world, got (1, 6, 3)"),
+    (2, lambda w: w.query_frustum(np.zeros((2, 4, 4))), "planes must be (q, k, 3) for a 2-D world, got (2, 4, 4)"),
+])
+def test_wrong_widths_are_told_in_shapes(client, dims, call, message):
+    world = client.create_world("shapes", dims=dims)
+    with pytest.raises(InvalidArgument) as caught:
+        call(world)
+    assert str(caught.value) == message
+
+
+def test_a_split_batch_is_told_in_the_whole_batch_s_shape():
+    """A batch sent in parts is judged once its parts are joined: the shape named is the caller's."""
+    server = ServerThread(max_message_bytes=16 * 1024)
+    try:
+        answers = []
+        for client in (Client(server.target), Client.local()):
+            with client:
+                world = client.create_world("split")
+                answers.append(failure(lambda: world.apply(create=(np.arange(5000), np.zeros((5000, 4))))))
+        expected = (InvalidArgument, "create_boxes must be (n, 6) for a 3-D world, got (5000, 4)")
+        assert answers[0] == answers[1] == expected
+    finally:
+        server.stop()
+
+
 def test_a_scalar_radius_serves_every_center(client):
     world = client.create_world("spheres")
     world.apply(create=([1, 2], np.array([[0, 0, 0, 1, 1, 1], [5, 5, 5, 6, 6, 6]], np.float32)))
