@@ -8,7 +8,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from dbvt_client import AlreadyExists, AsyncClient, Client, InvalidArgument, NotFound, Unavailable
+from dbvt_client import AlreadyExists, AsyncClient, Client, Create, InvalidArgument, NotFound, Unavailable
 from dbvt_proto.v1 import broadphase_pb2 as pb
 from servers import ServerThread
 
@@ -167,6 +167,27 @@ def test_a_scalar_radius_serves_every_center(client):
     world.apply(create=([1, 2], np.array([[0, 0, 0, 1, 1, 1], [5, 5, 5, 6, 6, 6]], np.float32)))
     offsets, hits = world.query_sphere(np.array([[0, 0, 0], [5, 5, 5], [9, 9, 9]], np.float32), 0.5)
     assert offsets.tolist() == [0, 1, 2, 2] and hits.tolist() == [1, 2]
+
+
+# ---- 4. create= and move= need (ids, boxes) -----------------------------------------------------------
+CREATE_FORMS = "create= takes (ids, boxes) or Create(ids, boxes, static=, group=, mask=), not "
+
+
+@pytest.mark.parametrize("batch, message", [
+    (dict(create=np.arange(4)), CREATE_FORMS + "an array of shape (4,)"),
+    (dict(create=np.arange(2)), CREATE_FORMS + "an array of shape (2,)"),
+    (dict(create=[[1], UNIT]), CREATE_FORMS + "a list"),
+    (dict(create=([1], UNIT, True)), CREATE_FORMS + "a tuple of 3 items"),
+    (dict(move=np.zeros((2, 6))), "move= takes (ids, boxes), not an array of shape (2, 6)"),
+    (dict(move=Create([1], UNIT)), "move= takes (ids, boxes), not a Create"),
+])
+def test_a_bare_array_for_create_or_move_is_a_type_error(client, batch, message):
+    world = client.create_world("forms")
+    for apply in (world.apply, lambda **batch: stream_apply(world, **batch)):
+        with pytest.raises(TypeError) as caught:
+            apply(**batch)
+        assert str(caught.value) == message
+    assert world.info().tick == 0
 
 
 # ---- 5. margins beyond float32 ------------------------------------------------------------------------
