@@ -229,6 +229,18 @@ def test_a_long_valid_name_is_cut_too(client):
         client.create_world(name)
 
 
+# ---- 7. no overflow warning before the error ----------------------------------------------------------
+@pytest.mark.filterwarnings("error")
+def test_values_beyond_float32_raise_without_a_warning(client):
+    world = client.create_world("huge-values")
+    with pytest.raises(InvalidArgument, match="create_boxes row 0: NaN or infinite value"):
+        world.apply(create=([1], [[0, 0, 0, 1e40, 1, 1]]))
+    with pytest.raises(InvalidArgument, match="boxes row 0: NaN or infinite value"):
+        world.query_aabb([[0, 0, 0, 1e40, 1, 1]])
+    with pytest.raises(InvalidArgument, match="radii row 0: NaN or infinite value"):
+        world.query_sphere([[0, 0, 0]], 1e40)
+
+
 # ---- 8. a stream whose server went away ---------------------------------------------------------------
 SERVER_CLOSED = r"^the server closed the batch stream \(.+\)$"
 
