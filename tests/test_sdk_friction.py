@@ -273,3 +273,30 @@ def test_an_async_stream_says_its_server_closed_it():
                 await unread.write(pb.StreamBatchesRequest(world="cut", sequence=2))
 
     asyncio.run(scenario())
+
+
+# ---- local and remote answer alike ---------------------------------------------------------------------
+BAD_CALLS = {
+    "exists": lambda c: c.create_world("w"),
+    "exist_ok differs": lambda c: c.create_world("w", dims=2, margin=1.0, track_pairs=False, exist_ok=True),
+    "exist_ok type": lambda c: c.create_world("w", exist_ok=1),
+    "margin": lambda c: c.create_world("m", margin=1e39),
+    "huge name": lambda c: c.create_world("\0" * 10_000),
+    "not found": lambda c: c.world("é" * 5_000).pairs(),
+    "width": lambda c: c.world("w").apply(create=([1], np.zeros((1, 4)))),
+    "streamed width": lambda c: stream_apply(c.world("w"), move=([1], np.zeros((1, 2)))),
+    "query width": lambda c: c.world("w").query_frustum(np.zeros((2, 6, 3))),
+    "bare create": lambda c: c.world("w").apply(create=np.zeros((1, 6))),
+    "overflow": lambda c: c.world("w").apply(move=([1], [[1e40] * 6])),
+}
+
+
+@pytest.mark.parametrize("call", BAD_CALLS.values(), ids=BAD_CALLS.keys())
+def test_local_and_remote_answer_alike(server, call):
+    with Client(server.target) as remote, Client.local() as local:
+        answers = []
+        for client in (remote, local):
+            client.create_world("w")
+            answers.append(failure(lambda: call(client)))
+            client.delete_world("w")
+        assert answers[0] == answers[1]
