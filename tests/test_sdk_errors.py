@@ -67,7 +67,9 @@ BAD_BATCHES = [
     (dict(create=([20, 20], FAR), destroy=[3]), "create_ids row 1: id 20 already appears in this batch at create_ids row 0"),
     (dict(move=([1, 2], FAR), destroy=[5, 2]), "destroy_ids row 1: id 2 already appears in this batch at move_ids"),
     (dict(create=([20, 21], FAR[:1])), "create_boxes has 1 rows but its ids have 2"),
-    (dict(create=([20, 21], FAR[:, :4])), "create_boxes must hold 2x6 float32 values"),
+    (dict(create=([20, 21], FAR[:, :4])), r"create_boxes must be \(n, 6\) for a 3-D world, got \(2, 4\)"),
+    (dict(create=([20], FAR[:1]), move=([1, 2], FAR[:, :4])),
+     r"move_boxes must be \(n, 6\) for a 3-D world, got \(2, 4\)"),
     (dict(create=([-1, 21], FAR)), "create_ids row 0: id -1 is negative"),
     (dict(create=([1.5, 21], FAR)), "create_ids must hold integers"),
     (dict(create=Create([20, 21], FAR, group=[1, 2**32])), "create_group row 1"),
@@ -90,12 +92,14 @@ def test_bad_batch_changes_nothing(world, batch, message):
 BAD_QUERIES = [
     ("query_aabb", (NAN,), "boxes row 1: NaN"),
     ("query_aabb", (INVERTED,), "boxes row 0: min > max"),
-    ("query_aabb", (BOXES[:, :4],), "boxes must hold 10x6 float32 values"),
+    ("query_aabb", (BOXES[:, :4],), r"boxes must be \(n, 6\) for a 3-D world, got \(10, 4\)"),
     ("query_sphere", (BOXES[:2, :3], [1.0, -1.0]), "radii row 1: negative radius"),
     ("query_sphere", (BOXES[:2, :3], [1.0, 2.0, 3.0]), r"radii must be a scalar or have shape \(2,\)"),
     ("raycast", (NAN,), "segments row 1: NaN"),
+    ("raycast", (BOXES[:3, :4],), r"segments must be \(n, 6\) for a 3-D world, got \(3, 4\)"),
+    ("query_sphere", (BOXES[:2, :2], 1.0), r"centers must be \(n, 3\) for a 3-D world, got \(2, 2\)"),
     ("query_frustum", (np.ones((1, 33, 4)),), "k must be between 1 and 32"),
-    ("query_frustum", (np.ones((1, 6, 3)),), "planes must hold 1x6x4 float32 values"),
+    ("query_frustum", (np.ones((1, 6, 3)),), r"planes must be \(q, k, 4\) for a 3-D world, got \(1, 6, 3\)"),
 ]
 
 
@@ -126,10 +130,15 @@ def test_world_settings_are_checked(client):
         client.create_world("w")
     with pytest.raises(InvalidArgument, match="dims must be 2 or 3, not 4"):
         client.create_world("x", dims=4)
-    with pytest.raises(InvalidArgument, match="dims=-1"):
+    with pytest.raises(InvalidArgument, match="create_world: dims must be 2 or 3, not -1"):
         client.create_world("x", dims=-1)
     with pytest.raises(InvalidArgument, match="margin must be a finite number >= 0"):
         client.create_world("x", margin=-1)
+    with pytest.raises(InvalidArgument, match=r"fits a float32 \(at most 3.4028235e\+38\), not 1e\+300"):
+        client.create_world("x", margin=1e300)
+    with pytest.raises(AlreadyExists, match="world 'w' exists with dims=3, not 2"):
+        client.create_world("w", dims=2, exist_ok=True)
+    assert client.create_world("w", exist_ok=True).name == "w"
     with pytest.raises(InvalidArgument, match="world name must be 1 to 128 printable characters"):
         client.create_world("")
     with pytest.raises(ResourceExhausted, match="above the server's limit of 50"):

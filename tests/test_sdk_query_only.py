@@ -89,7 +89,7 @@ def test_unset_track_pairs_means_a_tracking_world(client):
 
 
 def test_track_pairs_must_be_a_bool(client):
-    with pytest.raises(InvalidArgument, match="track_pairs='no'"):
+    with pytest.raises(InvalidArgument, match="create_world: track_pairs must be True or False, not 'no'"):
         client.create_world("odd", track_pairs="no")
     assert client.list_worlds() == []
 

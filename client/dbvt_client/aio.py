@@ -10,9 +10,10 @@ import grpc
 from dbvt_client import batches, queries
 from dbvt_client.client import (DEFAULT_MAX_PROXIES_PER_WORLD, DEFAULT_MAX_WORLDS, create_request, stats_dict,
                                 world_info)
-from dbvt_client.errors import DbvtError, Unavailable, from_exception, from_rpc_error, from_status_number
+from dbvt_client.errors import (DbvtError, Unavailable, from_exception, from_rpc_error, from_status_number,
+                                from_stream_status)
 from dbvt_client.results import BatchResult, Hits, RayHits, WorldInfo
-from dbvt_client.transport import CHANNEL_OPTIONS, local_transport
+from dbvt_client.transport import CHANNEL_OPTIONS, checked_target, local_transport
 from dbvt_proto.v1 import broadphase_pb2 as pb
 from dbvt_proto.v1 import broadphase_pb2_grpc as pb_grpc
 
@@ -24,15 +25,17 @@ class _GrpcStream:
     async def write(self, request) -> None:
         try:
             await self._call.write(request)
-        except grpc.RpcError as error:
-            raise from_rpc_error(error) from None
+        except (grpc.RpcError, asyncio.InvalidStateError):
+            # A write fails only once the call is over, and gRPC then says "RPC already finished" or,
+            # with answers still unread, "Internal error from Core": say that the stream is closed.
+            raise from_stream_status(grpc.StatusCode.UNAVAILABLE, await self._call.details()) from None
 
     async def read(self):
         """The next response, or None at the end of the stream."""
         try:
             response = await self._call.read()
         except grpc.RpcError as error:
-            raise from_rpc_error(error) from None
+            raise from_stream_status(error.code(), error.details()) from None
         return None if response is grpc.aio.EOF else response
 
     async def done_writing(self) -> None:
@@ -41,7 +44,7 @@ class _GrpcStream:
 
 class _AsyncGrpcTransport:
     def __init__(self, target: str, timeout: float | None):
-        self._channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+        self._channel = grpc.aio.insecure_channel(checked_target(target), options=CHANNEL_OPTIONS)
         self._stub = pb_grpc.BroadphaseServiceStub(self._channel)
         self._timeout = timeout
 
@@ -89,9 +92,11 @@ class AsyncClient:
             self._max_message_bytes = (await self.server_info())["max_message_bytes"]
         return self._max_message_bytes
 
-    async def create_world(self, name: str, dims: int = 3, margin: float = 0.05, *,
-                           max_proxies: int | None = None, track_pairs: bool = True) -> "AsyncWorld":
-        await self._transport.unary("CreateWorld", create_request(name, dims, margin, max_proxies, track_pairs))
+    async def create_world(self, name: str, dims: int = 3, margin: float = 0.05, *, max_proxies: int | None = None,
+                           track_pairs: bool = True, exist_ok: bool = False) -> "AsyncWorld":
+        """See `Client.create_world`, `exist_ok` included."""
+        request = create_request(name, dims, margin, max_proxies, track_pairs, exist_ok)
+        await self._transport.unary("CreateWorld", request)
         return AsyncWorld(self, name)
 
     def world(self, name: str) -> "AsyncWorld":

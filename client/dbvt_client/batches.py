@@ -46,11 +46,25 @@ def _as_create(create, static, group, mask) -> Create | None:
         if (static, group, mask) != (None, None, None):
             raise TypeError("give static/group/mask either in Create(...) or to apply(), not both")
         return create
-    ids, boxes = create
+    ids, boxes = _ids_and_boxes(create, "create", "(ids, boxes) or Create(ids, boxes, static=, group=, mask=)")
     return Create(ids, boxes,
                   False if static is None else static,
                   DEFAULT_GROUP if group is None else group,
                   DEFAULT_MASK if mask is None else mask)
+
+
+def _ids_and_boxes(value, keyword: str, forms: str) -> tuple:
+    """`create=`/`move=` given as `(ids, boxes)`. Only a tuple is taken apart: unpacking a bare array
+    fails with "not enough values to unpack", or for two rows quietly splits it into two scalars."""
+    if isinstance(value, tuple) and len(value) == 2:
+        return value
+    if isinstance(value, np.ndarray):
+        given = f"an array of shape {value.shape}"
+    elif isinstance(value, tuple):
+        given = f"a tuple of {len(value)} items"
+    else:
+        given = f"a {type(value).__name__}"
+    raise TypeError(f"{keyword}= takes {forms}, not {given}")
 
 
 def _is_default(value, default) -> bool:
@@ -86,7 +100,7 @@ def encode(create=None, move=None, destroy=None, static=None, group=None, mask=N
             columns.append(_Column("create_mask", wire.bits_array(spec.mask, len(ids), "create_mask")))
         ops.append(columns)
     if move is not None:
-        move_ids, move_boxes = move
+        move_ids, move_boxes = _ids_and_boxes(move, "move", "(ids, boxes)")
         ids = wire.ids_array(move_ids, "move_ids")
         ops.append([_Column("move_ids", ids), _Column("move_boxes", _boxes_for(ids, move_boxes, "move_boxes"))])
     if destroy is not None:

@@ -8,6 +8,8 @@ import queue
 import threading
 from concurrent.futures import Future
 
+import numpy as np
+
 from dbvt_client import batches, queries
 from dbvt_client.errors import DbvtError, InvalidArgument, Unavailable, from_exception, from_status_number
 from dbvt_client.results import BatchResult, Hits, RayHits, WorldInfo
@@ -23,14 +25,27 @@ def world_info(info: pb.WorldInfo) -> WorldInfo:
                      proxies=info.proxies, tick=info.tick, track_pairs=info.track_pairs)
 
 
-def create_request(name: str, dims: int, margin: float, max_proxies: int | None,
-                   track_pairs: bool) -> pb.CreateWorldRequest:
-    try:
-        return pb.CreateWorldRequest(name=name, dims=dims, margin=margin, max_proxies=max_proxies or 0,
-                                     track_pairs=track_pairs)
-    except (TypeError, ValueError) as exc:
-        raise InvalidArgument(f"create_world({name!r}, dims={dims!r}, margin={margin!r}, "
-                              f"max_proxies={max_proxies!r}, track_pairs={track_pairs!r}): {exc}") from None
+# What each argument of create_world must be, for the arguments the protocol itself cannot carry.
+CREATE_ARGUMENTS = {"dims": "2 or 3", "margin": "a finite number >= 0", "max_proxies": "None or an integer >= 0"}
+
+
+def create_request(name: str, dims: int, margin: float, max_proxies: int | None, track_pairs: bool,
+                   exist_ok: bool) -> pb.CreateWorldRequest:
+    """The request, or InvalidArgument naming the argument it cannot hold (the service judges the rest)."""
+    if not isinstance(name, str):
+        raise InvalidArgument(f"create_world: the world name must be a str, not {type(name).__name__}")
+    for flag, value in (("track_pairs", track_pairs), ("exist_ok", exist_ok)):
+        # Strict: protobuf would take any integer, and a truthy string would quietly mean True.
+        if not isinstance(value, (bool, np.bool_)):
+            raise InvalidArgument(f"create_world: {flag} must be True or False, not {value!r}")
+    request = pb.CreateWorldRequest(name=name, track_pairs=bool(track_pairs), exist_ok=bool(exist_ok))
+    for argument, value in (("dims", dims), ("margin", margin), ("max_proxies", max_proxies or 0)):
+        try:
+            setattr(request, argument, value)
+        except (TypeError, ValueError):
+            raise InvalidArgument(f"create_world: {argument} must be {CREATE_ARGUMENTS[argument]}, "
+                                  f"not {value!r}") from None
+    return request
 
 
 def stats_dict(response: pb.GetWorldStatsResponse) -> dict:
@@ -73,11 +88,18 @@ class Client:
             self._max_message_bytes = self.server_info()["max_message_bytes"]
         return self._max_message_bytes
 
-    def create_world(self, name: str, dims: int = 3, margin: float = 0.05, *,
-                     max_proxies: int | None = None, track_pairs: bool = True) -> "World":
+    def create_world(self, name: str, dims: int = 3, margin: float = 0.05, *, max_proxies: int | None = None,
+                     track_pairs: bool = True, exist_ok: bool = False) -> "World":
         """A new, empty world. `track_pairs=False` makes a query-only world: moves cost only the tree's
-        work, batches report no begun or ended pairs, and `pairs()` is computed when asked."""
-        self._transport.unary("CreateWorld", create_request(name, dims, margin, max_proxies, track_pairs))
+        work, batches report no begun or ended pairs, and `pairs()` is computed when asked.
+
+        `exist_ok=True` returns the world of that name if it is already there (a restarted game server
+        reattaches to it, proxies and all), provided it has the same `dims`, `margin` and `track_pairs`;
+        otherwise it raises `AlreadyExists` naming the difference. `max_proxies` is compared only when
+        given: `None` takes the existing world's limit, whatever it is.
+        """
+        request = create_request(name, dims, margin, max_proxies, track_pairs, exist_ok)
+        self._transport.unary("CreateWorld", request)
         return World(self, name)
 
     def world(self, name: str) -> "World":

@@ -84,6 +84,28 @@ def from_rpc_error(error: grpc.RpcError) -> DbvtError:
     return from_status(error.code(), error.details() or "")
 
 
+def from_stream_status(code: grpc.StatusCode, details: str) -> DbvtError:
+    """The error that ended a batch stream. A stream fails as a whole only when it is cut off (a rejected
+    batch is answered within it), and gRPC's own words for that ("Cancelling all calls", "Socket
+    closed") do not say what was cut off."""
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return Unavailable(f"the server closed the batch stream ({details or code.name})")
+    return from_status(code, details)
+
+
+# Longer names are cut in messages: a message is sent as gRPC metadata, whose size is limited (past
+# 8 KiB gRPC may drop it and answer RESOURCE_EXHAUSTED instead), and a name is only echoed to be recognized.
+NAME_SHOWN_WHOLE = 64
+NAME_CUT_TO = 40
+
+
+def quoted(name: str) -> str:
+    """A world name as messages show it: quoted, and cut when long ('abc…' (10000 characters))."""
+    if len(name) <= NAME_SHOWN_WHOLE:
+        return repr(name)
+    return f"{name[:NAME_CUT_TO] + '…'!r} ({len(name)} characters)"
+
+
 def from_exception(exc: BaseException) -> DbvtError:
     """Python exceptions of the core and of argument conversion, as the SDK's classes."""
     if isinstance(exc, DbvtError):

@@ -82,9 +82,10 @@ def aabb(world: str, boxes, mask, max_message_bytes: int) -> Plan:
 
 def sphere(world: str, centers, radii, mask, max_message_bytes: int) -> Plan:
     arr = wire.float_array(centers, "centers", 2)
+    if np.ndim(radii) == 0:
+        # Spread before converting: a converted scalar comes back as one row (ascontiguousarray has ndim >= 1).
+        radii = np.full(len(arr), radii)
     radii_arr = wire.float_array(radii, "radii", np.ndim(radii))
-    if radii_arr.ndim == 0:
-        radii_arr = np.full(len(arr), radii_arr, wire.FLOATS)
     if radii_arr.shape != (len(arr),):
         raise InvalidArgument(f"radii must be a scalar or have shape ({len(arr)},), got {radii_arr.shape}")
     base = _common(world, mask)

@@ -4,21 +4,53 @@ Both raise the SDK's error classes, so everything above them is the same code fo
 """
 from __future__ import annotations
 
+import re
 from typing import Iterable, Iterator
 
 import grpc
 
-from dbvt_client.errors import from_rpc_error
+from dbvt_client.errors import from_rpc_error, from_stream_status
 from dbvt_proto.v1 import broadphase_pb2 as pb
 from dbvt_proto.v1 import broadphase_pb2_grpc as pb_grpc
 
 # Replies are as big as the answers; requests are split by the SDK to the server's own limit.
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+# gRPC's name-resolver schemes whose addresses are paths or names, which take no port.
+PORTLESS_SCHEMES = ("unix", "unix-abstract", "vsock")
+HOST_AND_PORT = re.compile(r"(\[[^\]]*\]|[^:\[\]]+):\d+")
+
+
+def checked_target(target: str) -> str:
+    """`target`, refused when it names a host without a port: gRPC would quietly dial port 443 instead
+    (or, for the ipv4:/ipv6: forms, fail on the first call with "the target uri is not valid").
+
+    Every address of the forms gRPC resolves by host must carry its port (`host:port`, `[::1]:port`,
+    `dns:///host:port`, `ipv4:a.b.c.d:port,...`, `ipv6:[addr]:port,...`); unix sockets and other
+    schemes (`unix:path`, `unix:///path`, `xds:///name`) are passed on as they are.
+    """
+    if not isinstance(target, str):
+        raise TypeError(f"target must be a str such as '127.0.0.1:50051', not {target!r}")
+    scheme, _, rest = target.partition(":")
+    if scheme in PORTLESS_SCHEMES:
+        return target
+    if scheme == "dns":
+        # dns:[//authority/]host:port
+        addresses = [rest[2:].partition("/")[2] if rest.startswith("//") else rest]
+    elif scheme in ("ipv4", "ipv6"):
+        addresses = rest.split(",")
+    elif "://" in target:
+        return target
+    else:
+        addresses = [target]
+    if not all(HOST_AND_PORT.fullmatch(address) for address in addresses):
+        raise ValueError(f"target {target!r} has no port: give it as host:port, "
+                         f"such as '127.0.0.1:50051' or '[::1]:50051'")
+    return target
 
 
 class GrpcTransport:
     def __init__(self, target: str, timeout: float | None):
-        self._channel = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
+        self._channel = grpc.insecure_channel(checked_target(target), options=CHANNEL_OPTIONS)
         self._stub = pb_grpc.BroadphaseServiceStub(self._channel)
         self._timeout = timeout
 
@@ -32,7 +64,7 @@ class GrpcTransport:
         try:
             yield from self._stub.StreamBatches(iter(requests))
         except grpc.RpcError as error:
-            raise from_rpc_error(error) from None
+            raise from_stream_status(error.code(), error.details()) from None
 
     def close(self) -> None:
         self._channel.close()

@@ -37,7 +37,10 @@ def ids_array(ids, name: str) -> np.ndarray:
 
 def float_array(values, name: str, ndim: int) -> np.ndarray:
     try:
-        arr = np.asarray(values, dtype=FLOATS)
+        # Values beyond float32 become infinite, which the world refuses by row; numpy's warning about
+        # the cast would only come first.
+        with np.errstate(over="ignore"):
+            arr = np.asarray(values, dtype=FLOATS)
     except (TypeError, ValueError) as exc:
         raise InvalidArgument(f"{name} must be numeric: {exc}") from None
     if arr.size == 0 and arr.ndim < ndim:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dbvt_client.errors import AlreadyExists, InvalidArgument, NotFound, ResourceExhausted
+from dbvt_client.errors import AlreadyExists, InvalidArgument, NotFound, ResourceExhausted, quoted
 from dbvt_proto.v1 import broadphase_pb2 as pb
 from dbvt_server import __version__
 from dbvt_server.worlds import WORLD_RPCS, World
@@ -16,6 +16,7 @@ from dbvt_server.worlds import WORLD_RPCS, World
 DEFAULT_DIMS = 3
 DEFAULT_MARGIN = 0.05
 MAX_NAME_LENGTH = 128
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 class Limits:
@@ -34,7 +35,7 @@ class Service:
         try:
             return self._worlds[name]
         except KeyError:
-            raise NotFound(f"no world named {name!r}") from None
+            raise NotFound(f"no world named {quoted(name)}") from None
 
     def server_info(self, request: pb.GetServerInfoRequest) -> pb.GetServerInfoResponse:
         return pb.GetServerInfoResponse(version=__version__, max_message_bytes=self.limits.max_message_bytes,
@@ -44,25 +45,46 @@ class Service:
     def create_world(self, request: pb.CreateWorldRequest) -> pb.CreateWorldResponse:
         name = request.name
         if not 1 <= len(name) <= MAX_NAME_LENGTH or not name.isprintable():
-            raise InvalidArgument(f"world name must be 1 to {MAX_NAME_LENGTH} printable characters, not {name!r}")
+            raise InvalidArgument(f"world name must be 1 to {MAX_NAME_LENGTH} printable characters, not {quoted(name)}")
+        settings = self._settings(request)
+        if name in self._worlds:
+            return pb.CreateWorldResponse(world=self._reattach(self._worlds[name], request, settings).info(),
+                                          created=False)
+        if len(self._worlds) >= self.limits.max_worlds:
+            raise ResourceExhausted(f"the server already holds its limit of {self.limits.max_worlds} worlds")
+        world = World(name, **settings)
+        self._worlds[name] = world
+        return pb.CreateWorldResponse(world=world.info(), created=True)
+
+    def _settings(self, request: pb.CreateWorldRequest) -> dict:
+        """The world's settings asked for, defaults filled in, or the error naming a bad one."""
         dims = request.dims or DEFAULT_DIMS
         if dims not in (2, 3):
             raise InvalidArgument(f"dims must be 2 or 3, not {dims}")
         margin = request.margin if request.HasField("margin") else DEFAULT_MARGIN
-        if not np.isfinite(margin) or margin < 0:
-            raise InvalidArgument(f"margin must be a finite number >= 0, not {margin}")
+        # The core keeps the margin as a float32: a larger one would be infinite there.
+        if not np.isfinite(margin) or not 0 <= margin <= FLOAT32_MAX:
+            raise InvalidArgument(f"margin must be a finite number >= 0 that fits a float32 "
+                                  f"(at most {FLOAT32_MAX:.8g}), not {margin}")
         limit = self.limits.max_proxies_per_world
         max_proxies = request.max_proxies or limit
         if max_proxies > limit:
             raise ResourceExhausted(f"max_proxies {max_proxies} is above the server's limit of {limit} per world")
-        if name in self._worlds:
-            raise AlreadyExists(f"a world named {name!r} already exists")
-        if len(self._worlds) >= self.limits.max_worlds:
-            raise ResourceExhausted(f"the server already holds its limit of {self.limits.max_worlds} worlds")
         track_pairs = request.track_pairs if request.HasField("track_pairs") else True
-        world = World(name, dims, margin, max_proxies, track_pairs)
-        self._worlds[name] = world
-        return pb.CreateWorldResponse(world=world.info())
+        return dict(dims=dims, margin=margin, max_proxies=max_proxies, track_pairs=track_pairs)
+
+    @staticmethod
+    def _reattach(world: World, request: pb.CreateWorldRequest, settings: dict) -> World:
+        """With exist_ok, the world already there, if it is the one asked for. Its max_proxies is compared
+        only when the request names one: a client that leaves it to the server takes the world's."""
+        if not request.exist_ok:
+            raise AlreadyExists(f"a world named {quoted(world.name)} already exists "
+                                f"(exist_ok=True returns it instead)")
+        differences = [f"{key}={getattr(world, key)!r}, not {value!r}" for key, value in settings.items()
+                       if getattr(world, key) != value and (key != "max_proxies" or request.max_proxies)]
+        if differences:
+            raise AlreadyExists(f"world {quoted(world.name)} exists with {'; '.join(differences)}")
+        return world
 
     def delete_world(self, request: pb.DeleteWorldRequest) -> pb.DeleteWorldResponse:
         self.world(request.name)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dbvt_client import wire
-from dbvt_client.errors import DbvtError, InvalidArgument, ResourceExhausted
+from dbvt_client.errors import DbvtError, InvalidArgument, ResourceExhausted, quoted
 from dbvt_proto.v1 import broadphase_pb2 as pb
 from dbvt_server.service import Limits
 
@@ -31,8 +31,9 @@ class BatchStaging:
             return request.batch
         if self._key is not None and key != self._key:
             expected, self._key, self._parts = self._key, None, {}
-            raise InvalidArgument(f"batch {request.sequence} for world {request.world!r} arrived before the last "
-                                  f"part of batch {expected[1]} for world {expected[0]!r}; that batch is dropped")
+            raise InvalidArgument(f"batch {request.sequence} for world {quoted(request.world)} arrived before the "
+                                  f"last part of batch {expected[1]} for world {quoted(expected[0])}; "
+                                  f"that batch is dropped")
         self._key = key
         for column in _COLUMNS:
             data = getattr(request.batch, column)

@@ -7,11 +7,13 @@ serialize the calls on one world (the server with one lock per world).
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from dbvt import Broadphase, validation
 from dbvt_client import wire
-from dbvt_client.errors import InvalidArgument, ResourceExhausted
+from dbvt_client.errors import InvalidArgument, ResourceExhausted, quoted
 from dbvt_proto.v1 import broadphase_pb2 as pb
 
 BATCH_OPS = ("create_ids", "move_ids", "destroy_ids")
@@ -67,8 +69,8 @@ class World:
         move_ids = self._ids(batch.move_ids, "move_ids")
         destroy_ids = self._ids(batch.destroy_ids, "destroy_ids")
         n = len(create_ids)
-        create_boxes = wire.decode(batch.create_boxes, wire.FLOATS, (n, 2 * dims), "create_boxes")
-        move_boxes = wire.decode(batch.move_boxes, wire.FLOATS, (len(move_ids), 2 * dims), "move_boxes")
+        create_boxes = self._floats(batch.create_boxes, (n, 2 * dims), "create_boxes")
+        move_boxes = self._floats(batch.move_boxes, (len(move_ids), 2 * dims), "move_boxes")
         static = wire.decode(batch.create_static, wire.FLAGS, (n,), "create_static") if batch.create_static else False
         group = wire.decode(batch.create_group, wire.BITS, (n,), "create_group") if batch.create_group else 1
         mask = wire.decode(batch.create_mask, wire.BITS, (n,), "create_mask") if batch.create_mask else 0xFFFFFFFF
@@ -89,7 +91,7 @@ class World:
             self._check_present(destroy_ids, "destroy")
         if len(bp) + n - len(destroy_ids) > self.max_proxies:
             raise ResourceExhausted(
-                f"world {self.name!r} would hold {len(bp) + n - len(destroy_ids)} proxies, "
+                f"world {quoted(self.name)} would hold {len(bp) + n - len(destroy_ids)} proxies, "
                 f"more than its limit of {self.max_proxies}")
         if n:
             try:
@@ -136,6 +138,24 @@ class World:
         raise InvalidArgument(f"{where(second)}: id {everything[second]} already appears in this batch "
                               f"at {where(first)}; each id may appear once per batch")
 
+    def _floats(self, data: bytes, shape: tuple[int, ...], name: str) -> np.ndarray:
+        """`data` as float32 rows of `shape`, or an error in shapes, as the caller wrote the array.
+
+        The server learns only the rows (from the ids or the count) and the bytes, so the caller's
+        last dimension is worked out from them: `create_boxes must be (n, 6) for a 3-D world, got (1, 4)`.
+        """
+        itemsize = wire.FLOATS.itemsize
+        if len(data) == itemsize * math.prod(shape):
+            return np.frombuffer(data, dtype=wire.FLOATS).reshape(shape)
+        leading = shape[:-1]
+        rows = math.prod(leading)
+        if rows and len(data) % (itemsize * rows) == 0:
+            got = str((*leading, len(data) // (itemsize * rows)))
+        else:
+            got = f"{len(data)} bytes for {rows} rows"
+        wanted = f"(n, {shape[-1]})" if len(shape) == 2 else f"(q, k, {shape[-1]})"
+        raise InvalidArgument(f"{name} must be {wanted} for a {self.dims}-D world, got {got}")
+
     def _check_present(self, ids: np.ndarray, op: str) -> None:
         try:
             self.broadphase.get(ids)
@@ -148,26 +168,25 @@ class World:
         return request.mask if request.HasField("mask") else None
 
     def query_aabb(self, request: pb.QueryAabbRequest) -> pb.QueryAabbResponse:
-        boxes = wire.decode(request.boxes, wire.FLOATS, (request.count, 2 * self.dims), "boxes")
+        boxes = self._floats(request.boxes, (request.count, 2 * self.dims), "boxes")
         offsets, hits = self.broadphase.query_aabb(boxes, mask=self._mask(request))
         return pb.QueryAabbResponse(tick=self.tick, offsets=pack(offsets, wire.OFFSETS), hits=pack(hits, wire.IDS))
 
     def query_sphere(self, request: pb.QuerySphereRequest) -> pb.QuerySphereResponse:
-        centers = wire.decode(request.centers, wire.FLOATS, (request.count, self.dims), "centers")
+        centers = self._floats(request.centers, (request.count, self.dims), "centers")
         radii = wire.decode(request.radii, wire.FLOATS, (request.count,), "radii")
         offsets, hits = self.broadphase.query_sphere(centers, radii, mask=self._mask(request))
         return pb.QuerySphereResponse(tick=self.tick, offsets=pack(offsets, wire.OFFSETS), hits=pack(hits, wire.IDS))
 
     def raycast(self, request: pb.RaycastRequest) -> pb.RaycastResponse:
-        segments = wire.decode(request.segments, wire.FLOATS, (request.count, 2 * self.dims), "segments")
+        segments = self._floats(request.segments, (request.count, 2 * self.dims), "segments")
         first_hit = request.mode == pb.RAYCAST_MODE_FIRST_HIT
         offsets, hits, fractions = self.broadphase.raycast(segments, first_hit=first_hit, mask=self._mask(request))
         return pb.RaycastResponse(tick=self.tick, offsets=pack(offsets, wire.OFFSETS), hits=pack(hits, wire.IDS),
                                   fractions=pack(fractions, wire.FRACTIONS))
 
     def query_frustum(self, request: pb.QueryFrustumRequest) -> pb.QueryFrustumResponse:
-        shape = (request.count, request.planes_per_query, self.dims + 1)
-        planes = wire.decode(request.planes, wire.FLOATS, shape, "planes")
+        planes = self._floats(request.planes, (request.count, request.planes_per_query, self.dims + 1), "planes")
         offsets, hits = self.broadphase.query_frustum(planes, mask=self._mask(request))
         return pb.QueryFrustumResponse(tick=self.tick, offsets=pack(offsets, wire.OFFSETS), hits=pack(hits, wire.IDS))
 

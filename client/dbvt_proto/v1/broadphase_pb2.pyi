@@ -111,18 +111,26 @@ class CreateWorldRequest(_message.Message):
     MARGIN_FIELD_NUMBER: _builtins.int
     MAX_PROXIES_FIELD_NUMBER: _builtins.int
     TRACK_PAIRS_FIELD_NUMBER: _builtins.int
+    EXIST_OK_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """1 to 128 printable characters."""
     dims: _builtins.int
     """2 or 3; 0 means 3."""
     margin: _builtins.float
-    """Fat-box margin of the tree; unset means 0.05."""
+    """Fat-box margin of the tree: finite, >= 0, and within float32 (the core keeps it as one); unset
+    means 0.05.
+    """
     max_proxies: _builtins.int
     """Limit on the world's proxies; 0 means the server's limit, more than it is refused."""
     track_pairs: _builtins.bool
     """Whether the world tracks overlapping pairs; unset means true. A world that is only ever queried
     can turn it off: its moves then cost only the tree's work, its batches report no begun or ended
     pairs, and GetPairs computes the pairs when asked.
+    """
+    exist_ok: _builtins.bool
+    """When a world of this name exists: false refuses with ALREADY_EXISTS; true answers with that world
+    if it has the dims, margin and track_pairs asked for (and max_proxies, when it is not 0), so that
+    a restarted client can reattach, and refuses with ALREADY_EXISTS naming the difference otherwise.
     """
     def __init__(
         self,
@@ -132,10 +140,11 @@ class CreateWorldRequest(_message.Message):
         margin: _builtins.float | None = ...,
         max_proxies: _builtins.int = ...,
         track_pairs: _builtins.bool | None = ...,
+        exist_ok: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_margin", b"_margin", "_track_pairs", b"_track_pairs", "margin", b"margin", "track_pairs", b"track_pairs"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_margin", b"_margin", "_track_pairs", b"_track_pairs", "dims", b"dims", "margin", b"margin", "max_proxies", b"max_proxies", "name", b"name", "track_pairs", b"track_pairs"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_margin", b"_margin", "_track_pairs", b"_track_pairs", "dims", b"dims", "exist_ok", b"exist_ok", "margin", b"margin", "max_proxies", b"max_proxies", "name", b"name", "track_pairs", b"track_pairs"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__margin: _TypeAlias = _typing.Literal["margin"]  # noqa: Y015
     _WhichOneofArgType__margin: _TypeAlias = _typing.Literal["_margin", b"_margin"]  # noqa: Y015
@@ -153,16 +162,20 @@ class CreateWorldResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     WORLD_FIELD_NUMBER: _builtins.int
+    CREATED_FIELD_NUMBER: _builtins.int
+    created: _builtins.bool
+    """False when exist_ok found the world already there."""
     @_builtins.property
     def world(self) -> Global___WorldInfo: ...
     def __init__(
         self,
         *,
         world: Global___WorldInfo | None = ...,
+        created: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["world", b"world"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["world", b"world"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created", b"created", "world", b"world"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
