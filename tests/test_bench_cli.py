@@ -116,3 +116,14 @@ def test_the_console_entry_runs_as_a_module(tmp_path):
     assert_framed(shown.stdout, ["workload", "w2", "200", "2", str(tmp_path)])
     assert "\r" not in shown.stdout + shown.stderr
     assert workload.load(tmp_path).kind == "W2"
+
+
+@pytest.mark.parametrize("argv, complaint", [
+    (["workload", "w1", "5", "1", "out"], "argument n: 5 is less than 10"),
+    (["core", "--steps", "0"], "argument --steps: 0 is less than 1"),
+    (["core", "--repeat", "2"], "argument --repeat: 2 is less than 3"),
+])
+def test_arguments_that_cannot_make_a_figure_are_refused(argv, complaint, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    assert stopped.value.code == 2 and complaint in capsys.readouterr().err

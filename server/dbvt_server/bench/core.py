@@ -12,7 +12,6 @@ python-fcl (`pip install 'dbvt-server[bench]'`), if installed, runs W1 beside db
 """
 from __future__ import annotations
 
-import argparse
 import gc
 import importlib.util
 import json
@@ -225,20 +224,14 @@ def summarise(runs: list[dict]) -> dict:
                   "runs": [run[key] for run in runs]} for key in runs[0]}
 
 
-def at_least_three(text: str) -> int:
-    value = int(text)
-    if value < 3:
-        raise argparse.ArgumentTypeError(f"{value} runs: the issue's figures are medians of at least 3")
-    return value
-
-
 def add_arguments(parser) -> None:
     parser.add_argument("directory", nargs="?", type=Path,
                         help="a W1 or W2 directory (default: make W1 data with --n and --steps)")
-    parser.add_argument("--n", type=int, default=100_000, help="proxies of the W1 data made here [100000]")
-    parser.add_argument("--steps", type=int, default=20, help="steps to run (at most the directory's) [20]")
+    parser.add_argument("--n", type=workload.at_least(10), default=100_000, help="proxies of the W1 data made here [100000]")
+    parser.add_argument("--steps", type=workload.at_least(1), default=20, help="steps to run (at most the directory's) [20]")
     parser.add_argument("--seed", type=int, default=workload.W1_SEED, help="seed of the W1 data made here")
-    parser.add_argument("--repeat", type=at_least_three, default=5, help="runs per phase, at least 3 [5]")
+    parser.add_argument("--repeat", type=workload.at_least(3), default=5,
+                        help="runs per phase, at least 3: the issue's figures are medians of 3 or more [5]")
     parser.add_argument("--no-fcl", action="store_true", help="skip the python-fcl anchor")
     parser.add_argument("--json", type=Path, help="also write every figure and check here")
 
@@ -246,7 +239,7 @@ def add_arguments(parser) -> None:
 def run(args, facts: dict) -> int:
     with workload.w1_directory(args.directory, args.n, args.steps, args.seed) as directory:
         whole = workload.load(directory)
-    w = whole.first(max(1, min(args.steps, whole.steps)))
+    w = whole.first(args.steps)
     print(f"{args.directory}: {w.describe()} (of {whole.steps} in the directory)" if args.directory
           else f"W1 made for this run: {w.describe()}")
     w1 = w.kind == "W1"

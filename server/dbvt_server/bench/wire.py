@@ -247,10 +247,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--target", help="HOST:PORT of a running dbvt-server (default: start one)")
     parser.add_argument("--server-pid", type=int,
                         help="process id of the --target server, if on this machine: its CPU use is then shown")
-    parser.add_argument("--n", type=int, default=100_000, help="proxies of the W1 data made here [100000]")
-    parser.add_argument("--steps", type=int, default=30, help="steps to run (at most the directory's) [30]")
+    parser.add_argument("--n", type=workload.at_least(10), default=100_000, help="proxies of the W1 data made here [100000]")
+    parser.add_argument("--steps", type=workload.at_least(1), default=30, help="steps to run (at most the directory's) [30]")
     parser.add_argument("--seed", type=int, default=workload.W1_SEED, help="seed of the W1 data made here")
-    parser.add_argument("--repeats", type=int, default=3, help="runs of each side; medians are reported [3]")
+    parser.add_argument("--repeats", type=workload.at_least(1), default=3, help="runs of each side; medians are reported [3]")
     parser.add_argument("--window", type=float, default=bench_parallel.WINDOW,
                         help=f"seconds of each two-busy-worlds round that are counted [{bench_parallel.WINDOW}]")
 
@@ -260,7 +260,7 @@ def run(args, facts: dict) -> int:
         work = workload.load(directory)
     if work.kind != "W1":
         raise workload.BadWorkload(f"{args.directory}: a {work.kind} directory; the wire benchmark runs on W1")
-    work = work.first(max(1, min(args.steps, work.steps)))
+    work = work.first(args.steps)
     print(f"{args.directory or 'W1 made for this run'}: {work.describe()}", flush=True)
     process, target = (None, args.target) if args.target else start_server()
     server_pid = args.server_pid if process is None else process.pid

@@ -31,6 +31,7 @@ generators wrote, is read as W1.
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import json
@@ -54,6 +55,18 @@ W2_HALF_SIDES = (0.17, 0.17, 0.19, 0.14)
 
 class BadWorkload(Exception):
     """A directory that is not a workload, or whose arrays disagree with its meta.json."""
+
+
+def at_least(minimum: int):
+    """An argparse type: an integer no smaller than `minimum` (W1 needs ten proxies for one to move,
+    and every benchmark at least one step)."""
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} is less than {minimum}")
+        return value
+    parse.__name__ = f"integer >= {minimum}"
+    return parse
 
 
 @dataclasses.dataclass
@@ -224,6 +237,8 @@ def load(directory: Path) -> Workload:
     missing = [key for key in needed if key not in meta]
     if missing:
         raise BadWorkload(f"{directory / 'meta.json'}: no {', '.join(missing)}")
+    if meta["steps"] < 1 or meta["moves_per_step"] < 1:
+        raise BadWorkload(f"{directory}: no moves to run (steps {meta['steps']}, {meta['moves_per_step']} a step)")
     width, steps, moves = 2 * meta["dims"], meta["steps"], meta["moves_per_step"]
 
     def raw(field: str, shape: tuple) -> np.ndarray:
@@ -246,7 +261,7 @@ def load(directory: Path) -> Workload:
 
 def generate(kind: str, n: int, steps: int, directory: Path, dims: int = 3, seed: int | None = None) -> Workload:
     """Make a workload with its exact answers and write it to `directory`, saying on stderr how long
-    each part took (the answers take the longer, about a minute at W1's N = 100k and 100 steps)."""
+    each part took (the answers take the longer: about half a minute at W1's N = 100k and 100 steps)."""
     started = time.perf_counter()
     work = (make_w1(n, steps, W1_SEED if seed is None else seed) if kind == "W1"
             else make_w2(n, steps, dims, W2_SEED if seed is None else seed))
@@ -274,8 +289,8 @@ def add_arguments(parser) -> None:
     kinds = parser.add_subparsers(dest="kind", required=True, metavar="{w1,w2}")
     for kind, text in (("w1", "sparse, 3-D, a tenth moving"), ("w2", "dense, every proxy moving")):
         sub = kinds.add_parser(kind, help=f"{kind.upper()}: {text}", description=f"{kind.upper()}: {text}")
-        sub.add_argument("n", type=int, help="proxies")
-        sub.add_argument("steps", type=int, help="steps of moves")
+        sub.add_argument("n", type=at_least(10), help="proxies")
+        sub.add_argument("steps", type=at_least(1), help="steps of moves")
         sub.add_argument("directory", type=Path, help="where to write (made if missing)")
         if kind == "w2":
             sub.add_argument("--dims", type=int, choices=(2, 3), default=2, help="2-D or 3-D [2]")
