@@ -12,6 +12,7 @@ python-fcl (`pip install 'dbvt-server[bench]'`), if installed, runs W1 beside db
 """
 from __future__ import annotations
 
+import argparse
 import gc
 import importlib.util
 import json
@@ -225,6 +226,7 @@ def summarise(runs: list[dict]) -> dict:
 
 
 def add_arguments(parser) -> None:
+    parser.description, parser.formatter_class = __doc__, argparse.RawDescriptionHelpFormatter
     parser.add_argument("directory", nargs="?", type=Path,
                         help="a W1 or W2 directory (default: make W1 data with --n and --steps)")
     parser.add_argument("--n", type=workload.at_least(10), default=100_000, help="proxies of the W1 data made here [100000]")

@@ -286,6 +286,7 @@ def w1_directory(directory: Path | None, n: int, steps: int, seed: int = W1_SEED
 
 
 def add_arguments(parser) -> None:
+    parser.description, parser.formatter_class = __doc__, argparse.RawDescriptionHelpFormatter
     kinds = parser.add_subparsers(dest="kind", required=True, metavar="{w1,w2}")
     for kind, text in (("w1", "sparse, 3-D, a tenth moving"), ("w2", "dense, every proxy moving")):
         sub = kinds.add_parser(kind, help=f"{kind.upper()}: {text}", description=f"{kind.upper()}: {text}")
