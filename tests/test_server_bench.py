@@ -1,37 +1,21 @@
-"""dbvt-bench on a small W1 directory written here: it runs end to end, prints every figure, and its pair
-counts after every step equal the brute-force expected.json beside the data."""
+"""`dbvt-bench wire` given no directory: it makes W1 data with its exact answers, runs end to end,
+prints every figure between the header and the closing load average, and its pair counts after
+every step equal expected.json's."""
 from __future__ import annotations
 
-import json
-
-import numpy as np
 import pytest
 
-from dbvt.reference import Broadphase as Reference
-from dbvt_server.bench import wire as bench
+from dbvt_server.bench.__main__ import main
 
 
-def write_w1(directory, work: bench.Workload) -> None:
-    """The W1 directory format: raw little-endian arrays plus meta.json (and the oracle's expected.json)."""
-    steps, moves = work.move_ids.shape
-    work.boxes.astype("<f4").tofile(directory / "boxes.f32")
-    work.move_ids.astype("<u4").tofile(directory / "moves_ids.u32")
-    work.move_boxes.astype("<f4").tofile(directory / "moves_box.f32")
-    work.queries.astype("<f4").tofile(directory / "q_aabb.f32")
-    (directory / "meta.json").write_text(json.dumps({"n": len(work.boxes), "steps": steps, "moves_per_step": moves}))
-    reference = Reference()
-    reference.create(work.ids, work.boxes)
-    counts = []
-    for step in range(steps):
-        reference.move(work.move_ids[step], work.move_boxes[step])
-        counts.append(len(reference.pairs()))
-    (directory / "expected.json").write_text(json.dumps({"pairs_per_step": counts}))
-
-
-def test_bench_on_a_w1_directory(tmp_path, capsys):
-    write_w1(tmp_path, bench.Workload.generate(3000, steps=4, seed=5))
-    assert bench.main([str(tmp_path), "--steps", "4", "--repeats", "1", "--window", "0.2"]) == 0
+def test_wire_bench_makes_its_w1_data_and_runs(capsys):
+    argv = ["wire", "--n", "3000", "--steps", "4", "--repeats", "1", "--window", "0.2"]
+    assert main(argv) == 0
     out = capsys.readouterr()
+    lines = out.out.splitlines()
+    assert lines[0] == "command: dbvt-bench " + " ".join(argv)
+    assert lines[1].startswith("machine: ") and lines[2].startswith("load average (1/5/15 min) at start: ")
+    assert lines[-1].startswith("load average (1/5/15 min) at end: ")
     assert "N=3000, 4 steps of 300 moves" in out.out
     for figure in ("streamed step, tick by tick", "bare gRPC, same sizes and work", "streamed step, 2 ticks in flight",
                    "M moves/s with pair changes",
@@ -43,15 +27,8 @@ def test_bench_on_a_w1_directory(tmp_path, capsys):
     server_lines = [line for line in out.out.splitlines() if ", server " in line]
     assert len(server_lines) == 2 and not any("n/a" in line for line in server_lines)
     assert "pair counts after every step match the oracle's expected.json" in out.out
-    assert "4/4" in out.err, "the progress bar"
-
-
-def test_generated_world_follows_w1():
-    work = bench.Workload.generate(1000, steps=2)
-    sides = work.boxes[:, 3:] - work.boxes[:, :3]
-    assert work.move_ids.shape == (2, 100) and work.move_boxes.shape == (2, 100, 6)
-    assert sides.min() >= 1.0 and sides.max() <= 4.0
-    assert np.all(np.diff(work.move_ids, axis=1) > 0)
+    assert "no directory given: making W1 data" in out.err
+    assert "server run 1/1: 4 steps\n" in out.err and "\r" not in out.err, "one plain line per phase"
 
 
 def test_two_worlds_count_only_the_work_inside_the_window():

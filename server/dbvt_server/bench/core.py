@@ -1,28 +1,25 @@
-#!/usr/bin/env python3
-"""Core benchmark: dbvt.Tree and dbvt.Broadphase on a W1 directory, python-fcl beside it (issue 2).
+"""`dbvt-bench core`: dbvt.Tree and dbvt.Broadphase on a workload, python-fcl beside them (issue 2).
 
-    python bench/bench_core.py W1_DIR [--repeat 5] [--steps 20] [--no-fcl] [--json OUT]
+On W1 it times every phase of issue 2's Performance table: inserts, the three query kinds, updates,
+the Broadphase step and memory. On W2, dense and all moving, it times the Broadphase step (the
+moves and the update that reports pair changes). Every phase is CPU time (time.process_time) of
+whole batch calls, repeated --repeat times: the MEDIAN over runs is the figure the issue's targets
+apply to, and the MIN (fastest run) is printed beside it because the machine is shared. Every answer
+in the directory's expected.json is checked, and a mismatch makes the exit status 1. Without a
+directory, W1 data and its exact answers are made first, in a temporary directory.
 
-W1_DIR holds raw little-endian arrays and meta.json (boxes.f32 N x 6, moves_ids.u32 S x M,
-moves_box.f32 S x M x 6, q_aabb.f32 Q x 6, q_ray.f32 R x 6, q_frustum.f32 F x 24 = six planes
-(nx, ny, nz, d)) and optionally expected.json, the brute-force answers; every answer present there is
-checked and a mismatch makes the exit status 1. Every phase is CPU time (time.process_time) of whole
-batch calls, repeated --repeat times; the MEDIAN over runs is the figure the issue's targets apply to,
-the MIN (fastest run) is printed beside it because the machine is shared.
+python-fcl (`pip install 'dbvt-server[bench]'`), if installed, runs W1 beside dbvt as the anchor.
 """
 from __future__ import annotations
 
 import argparse
 import gc
+import importlib.util
 import json
 import os
-import platform
-import shlex
 import statistics
-import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 # numpy's OpenBLAS threads spin on the other core after start-up and bill this process's CPU time;
 # the benchmark does no linear algebra, so one thread is right (before numpy is imported).
@@ -31,6 +28,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 
 import dbvt  # noqa: E402
+from dbvt_server.bench import console, workload  # noqa: E402
 
 # phase key -> (label, unit, issue target at N=100k, or None). The memory target is set against
 # Bullet's btDbvt and python-fcl's tree manager: a tree with its proxy records. `Tree` is that; a
@@ -46,33 +44,14 @@ PHASES = {
     "memory_tree": ("memory, Tree", "bytes/proxy", 128.0),
     "memory_broadphase": ("memory, Broadphase + pairs", "bytes/proxy", None),
 }
+# W2 has no targets of its own: issue 2's are set on W1.
+W2_PHASES = {
+    "step": ("Broadphase step", "ms/step", None),
+    "step_per_move": ("step per moved proxy", "us/move", None),
+    "memory_broadphase": ("memory, Broadphase + pairs", "bytes/proxy", None),
+}
 FCL_QUERIES = 2000      # python-fcl answers through a Python callback per hit: a subset keeps runs short
 FCL_STEPS = 5
-
-
-def load_w1(directory: Path) -> SimpleNamespace:
-    meta = json.loads((directory / "meta.json").read_text())
-    n, steps, moves = meta["n"], meta["steps"], meta["moves_per_step"]
-
-    def raw(name, dtype, shape):
-        values = np.fromfile(directory / name, dtype)
-        if values.size != int(np.prod(shape)):
-            sys.exit(f"{directory / name}: {values.size} values, meta.json implies shape {shape}")
-        # the API takes native float32 / uint64 arrays; convert once here so no timed call pays for it
-        return np.ascontiguousarray(values.reshape(shape), dtype=np.uint64 if dtype == "<u4" else np.float32)
-
-    expected_path = directory / "expected.json"
-    return SimpleNamespace(
-        meta=meta, n=n, moves=moves,
-        ids=np.arange(n, dtype=np.uint64),
-        boxes=raw("boxes.f32", "<f4", (n, 6)),
-        move_ids=raw("moves_ids.u32", "<u4", (steps, moves)),
-        move_boxes=raw("moves_box.f32", "<f4", (steps, moves, 6)),
-        q_aabb=raw("q_aabb.f32", "<f4", (meta["n_aabb"], 6)),
-        q_ray=raw("q_ray.f32", "<f4", (meta["n_ray"], 6)),
-        q_frustum=raw("q_frustum.f32", "<f4", (meta["n_frustum"], 6, 4)),
-        expected=json.loads(expected_path.read_text()) if expected_path.exists() else None,
-    )
 
 
 def cpu(action):
@@ -87,8 +66,8 @@ def cpu(action):
         gc.enable()
 
 
-def dbvt_run(w: SimpleNamespace, steps: int) -> tuple[dict, dict]:
-    """One run of every dbvt phase: (figures, results kept for the correctness checks)."""
+def dbvt_run(w: workload.Workload) -> tuple[dict, dict]:
+    """One run of every dbvt phase on W1: (figures, results kept for the correctness checks)."""
     n, moves, fig, out = w.n, w.moves, {}, {}
     tree = dbvt.Tree()
     seconds, _ = cpu(lambda: tree.insert(w.ids, w.boxes))
@@ -106,38 +85,52 @@ def dbvt_run(w: SimpleNamespace, steps: int) -> tuple[dict, dict]:
 
     moving = dbvt.Tree(margin=0.05)
     moving.insert(w.ids, w.boxes)
-    seconds, left = cpu(lambda: sum(moving.update(w.move_ids[s], w.move_boxes[s]) for s in range(steps)))
-    fig["update"] = seconds / (steps * moves) * 1e6
-    fig["left_fat_box_fraction"] = left / (steps * moves)
+    seconds, left = cpu(lambda: sum(moving.update(w.move_ids[s], w.move_boxes[s]) for s in range(w.steps)))
+    fig["update"] = seconds / (w.steps * moves) * 1e6
+    fig["left_fat_box_fraction"] = left / (w.steps * moves)
     out["tree_pairs_after_steps"] = len(moving.pairs())
+    broadphase_run(w, fig, out)
+    return fig, out
 
-    broadphase = dbvt.Broadphase()
+
+def broadphase_run(w: workload.Workload, fig: dict, out: dict) -> tuple[dict, dict]:
+    """The Broadphase phases, on any workload: creation with its first update, then every step."""
+    broadphase = dbvt.Broadphase(dims=w.dims)
     seconds, (begun, _) = cpu(lambda: (broadphase.create(w.ids, w.boxes), broadphase.update())[1])
     fig["broadphase_setup_ms"] = seconds * 1e3
     # after the first update, so the per-proxy pair lists a live broadphase carries are counted
-    fig["memory_broadphase"] = broadphase.stats()["memory_bytes"] / n
+    fig["memory_broadphase"] = broadphase.stats()["memory_bytes"] / w.n
     out["pairs_step0"], count, step_seconds, out["pairs_per_step"] = len(begun), len(begun), [], []
-    for s in range(steps):
+    for s in range(w.steps):
         seconds, (begun, ended) = cpu(lambda: (broadphase.move(w.move_ids[s], w.move_boxes[s]),
                                                broadphase.update())[1])
         step_seconds.append(seconds)
         count += len(begun) - len(ended)
         out["pairs_per_step"].append(count)
     fig["step"] = statistics.median(step_seconds) * 1e3
+    fig["step_per_move"] = fig["step"] / w.moves * 1e3
     return fig, out
 
 
-def check_dbvt(expected: dict, out: dict, steps: int) -> list[tuple[str, bool, str]]:
-    """(item, ok, detail) for every answer expected.json holds."""
+def check_pairs(expected: dict, out: dict, steps: int) -> list[tuple[str, bool, str]]:
+    """(item, ok, detail) for the pair counts: after the first update and after every step."""
     checks = [("pairs at step 0 (begun of the first update)", out["pairs_step0"] == expected["pairs_step0"],
                f"{out['pairs_step0']} vs {expected['pairs_step0']}")]
     want = expected["pairs_per_step"][:steps]
     bad = [s for s, (got, exp) in enumerate(zip(out["pairs_per_step"], want)) if got != exp]
-    checks.append((f"Broadphase pairs after each of {steps} steps", not bad,
+    checks.append((f"Broadphase pairs after each of {steps} steps", not bad and len(want) == steps,
                    f"first difference at step {bad[0]}: {out['pairs_per_step'][bad[0]]} vs {want[bad[0]]}"
-                   if bad else f"last {out['pairs_per_step'][-1]}"))
-    checks.append((f"Tree.pairs() after {steps} updates", out["tree_pairs_after_steps"] == want[-1],
-                   f"{out['tree_pairs_after_steps']} vs {want[-1]}"))
+                   if bad else f"last {out['pairs_per_step'][-1]}" if len(want) == steps
+                   else f"expected.json covers only {len(want)} steps"))
+    if "tree_pairs_after_steps" in out:
+        checks.append((f"Tree.pairs() after {steps} updates", out["tree_pairs_after_steps"] == want[-1],
+                       f"{out['tree_pairs_after_steps']} vs {want[-1]}"))
+    return checks
+
+
+def check_queries(expected: dict, out: dict) -> list[tuple[str, bool, str]]:
+    """(item, ok, detail) for W1's query answers: total hits, and the hit lists of the first queries."""
+    checks = []
     for key, name in (("query_aabb", "aabb"), ("raycast", "ray"), ("frustum", "frustum")):
         offsets, hits = out[key][0], out[key][1]
         checks.append((f"{name} total hits", len(hits) == expected[f"{name}_hits"],
@@ -156,7 +149,7 @@ def rss_bytes() -> int:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def fcl_run(w: SimpleNamespace, n_queries: int, steps: int, measure_memory: bool) -> tuple[dict, dict]:
+def fcl_run(w: workload.Workload, n_queries: int, steps: int, measure_memory: bool) -> tuple[dict, dict]:
     """python-fcl's DynamicAABBTreeCollisionManager on the same data (Python loops are unavoidable there)."""
     import fcl
 
@@ -211,22 +204,9 @@ def fcl_run(w: SimpleNamespace, n_queries: int, steps: int, measure_memory: bool
     return fig, out
 
 
-def machine_facts() -> dict:
-    cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
-    field = lambda name: [line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith(name)]
-    models, speeds = field("model name"), field("cpu MHz")
-    return {"cpu": f"{models[0] if models else platform.processor()} x {len(models) or os.cpu_count()}"
-                   + (f" at {speeds[0]} MHz" if speeds else ""),
-            "python": platform.python_version(), "numpy": np.__version__, "dbvt": dbvt.__version__}
-
-
-def load_average() -> str:
-    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-
-
-def format_table(summary: dict) -> str:
+def format_table(summary: dict, phases: dict) -> str:
     rows = [("phase", "unit", "dbvt median", "dbvt min", "fcl median", "fcl min", "speed-up", "target", "met")]
-    for key, (label, unit, target) in PHASES.items():
+    for key, (label, unit, target) in phases.items():
         dbvt_median, dbvt_min = summary["dbvt"][key]["median"], summary["dbvt"][key]["min"]
         fcl = summary.get("fcl", {}).get(key)
         rows.append((label, unit, f"{dbvt_median:.3f}", f"{dbvt_min:.3f}",
@@ -245,60 +225,52 @@ def summarise(runs: list[dict]) -> dict:
                   "runs": [run[key] for run in runs]} for key in runs[0]}
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("w1_dir", type=Path, help="directory written by W1's workload.py")
-    parser.add_argument("--repeat", type=int, default=5, help="runs per phase, at least 3 (default 5)")
-    parser.add_argument("--steps", type=int, default=20, help="W1 steps for update and Broadphase (default 20)")
+def add_arguments(parser) -> None:
+    parser.description, parser.formatter_class = __doc__, argparse.RawDescriptionHelpFormatter
+    parser.add_argument("directory", nargs="?", type=Path,
+                        help="a W1 or W2 directory (default: make W1 data with --n and --steps)")
+    parser.add_argument("--n", type=workload.at_least(10), default=100_000, help="proxies of the W1 data made here [100000]")
+    parser.add_argument("--steps", type=workload.at_least(1), default=20, help="steps to run (at most the directory's) [20]")
+    parser.add_argument("--seed", type=int, default=workload.W1_SEED, help="seed of the W1 data made here")
+    parser.add_argument("--repeat", type=workload.at_least(3), default=5,
+                        help="runs per phase, at least 3: the issue's figures are medians of 3 or more [5]")
     parser.add_argument("--no-fcl", action="store_true", help="skip the python-fcl anchor")
     parser.add_argument("--json", type=Path, help="also write every figure and check here")
-    args = parser.parse_args(argv)
-    if args.repeat < 3:
-        parser.error("--repeat must be at least 3 (the issue's figures are medians of >= 3 runs)")
 
-    load_start = load_average()
-    w = load_w1(args.w1_dir)
-    steps = max(1, min(args.steps, w.meta["steps"]))
-    print(f"W1 {args.w1_dir}: N={w.n}, {w.moves} moves/step, {steps} of {w.meta['steps']} steps, "
-          f"{len(w.q_aabb)} boxes, {len(w.q_ray)} segments, {len(w.q_frustum)} frusta")
+
+def run(args, facts: dict) -> int:
+    with workload.w1_directory(args.directory, args.n, args.steps, args.seed) as directory:
+        whole = workload.load(directory)
+    w = whole.first(args.steps)
+    print(f"{args.directory}: {w.describe()} (of {whole.steps} in the directory)" if args.directory
+          else f"W1 made for this run: {w.describe()}")
+    w1 = w.kind == "W1"
 
     dbvt_figures, checks = [], []
-    for run in range(args.repeat):
-        figures, results = dbvt_run(w, steps)
+    for attempt in range(args.repeat):
+        figures, results = dbvt_run(w) if w1 else broadphase_run(w, {}, {})
         dbvt_figures.append(figures)
-        if run == 0 and w.expected is not None:
-            checks = check_dbvt(w.expected, results, steps)
-        print(f"dbvt run {run + 1}/{args.repeat}: step {figures['step']:.2f} ms, "
-              f"box query {figures['query_aabb']:.2f} us", flush=True)
+        if attempt == 0 and w.expected is not None:
+            checks = check_pairs(w.expected, results, w.steps) + (check_queries(w.expected, results) if w1 else [])
+        print(f"dbvt run {attempt + 1}/{args.repeat}: step {figures['step']:.2f} ms"
+              + (f", box query {figures['query_aabb']:.2f} us" if w1 else ""), flush=True)
     summary = {"dbvt": summarise(dbvt_figures)}
 
-    if not args.no_fcl:
-        n_queries, fcl_steps = min(FCL_QUERIES, len(w.q_aabb)), min(FCL_STEPS, steps)
-        fcl_figures = []
-        for run in range(args.repeat):
-            figures, fcl_results = fcl_run(w, n_queries, fcl_steps, measure_memory=run == 0)
-            fcl_figures.append(figures)
-            if run == 0:
-                fcl_memory = fcl_results["memory_tree"]
-            print(f"fcl run {run + 1}/{args.repeat}: step {figures['step']:.2f} ms, "
-                  f"box query {figures['query_aabb']:.2f} us", flush=True)
-        summary["fcl"] = summarise(fcl_figures)
-        dbvt_counts = np.diff(results["query_aabb"][0])[:n_queries]
-        print(f"fcl: register+setup of all {w.n} proxies; box query = collide(query object, callback "
-              f"collecting candidates) on the first {n_queries} boxes, query objects built untimed; update and "
-              f"step on the first {fcl_steps} steps (step = setTranslation + update(moved) + self collide with "
-              f"the same callback); memory = RSS growth over objects + register + setup, first run only")
-        print(f"fcl box-query hit counts equal dbvt's on those {n_queries} queries: "
-              f"{np.array_equal(dbvt_counts, fcl_results['query_counts'])}; fcl pairs per step "
-              f"{fcl_results['pairs_per_step']} vs dbvt {results['pairs_per_step'][:fcl_steps]}")
-        summary["fcl"]["memory_tree"] = {"median": fcl_memory, "min": fcl_memory}
+    if not w1:
+        print("python-fcl: not run, it is the anchor on W1 only")
+    elif not args.no_fcl and not fcl_installed():
+        print("python-fcl: not installed, so no anchor beside dbvt (pip install 'dbvt-server[bench]')")
+    elif not args.no_fcl:
+        summary["fcl"] = fcl_anchor(w, results, args.repeat)
 
     dbvt_summary = summary["dbvt"]
-    print(f"\nmoves that left their fat box in update (margin 0.05): {dbvt_summary['left_fat_box_fraction']['median']:.3f}; "
-          f"Broadphase create + first update: {dbvt_summary['broadphase_setup_ms']['median']:.1f} ms (median)")
-    print(f"targets are issue 2's, for N=100k (10k moves per step); CPU time, median of {args.repeat} runs; "
-          f"speed-up = fcl median / dbvt median (memory: how many times more fcl uses)\n")
-    print(format_table(summary))
+    left = dbvt_summary.get("left_fat_box_fraction")
+    print(("\n" if left is None else f"\nmoves that left their fat box in update (margin 0.05): {left['median']:.3f}; ")
+          + f"Broadphase create + first update: {dbvt_summary['broadphase_setup_ms']['median']:.1f} ms (median)")
+    print((f"targets are issue 2's, for W1 at N=100k (10k moves per step); CPU time, median of {args.repeat} runs; "
+           "speed-up = fcl median / dbvt median (memory: how many times more fcl uses)\n") if w1 else
+          f"no targets: issue 2 sets them on W1; CPU time, median of {args.repeat} runs\n")
+    print(format_table(summary, PHASES if w1 else W2_PHASES))
 
     if w.expected is None:
         print("\nno expected.json: correctness not checked")
@@ -306,20 +278,38 @@ def main(argv=None) -> int:
         print("\ncorrectness against expected.json:")
         for item, ok, detail in checks:
             print(f"  {'OK      ' if ok else 'MISMATCH'} {item}: {detail}")
-
-    facts = machine_facts()
-    load_end = load_average()
-    command = shlex.join([Path(sys.executable).name, *sys.argv])
-    print(f"\ncommand: {command}\nmachine: {facts['cpu']}; python {facts['python']}, numpy {facts['numpy']}, "
-          f"dbvt {facts['dbvt']}\nload average (1/5/15 min): start {load_start}, end {load_end}")
+    console.footer(facts)
     if args.json:
-        args.json.write_text(json.dumps({"command": command, "machine": facts, "load_start": load_start,
-                                         "load_end": load_end, "n": w.n, "steps": steps, "repeat": args.repeat,
-                                         "figures": summary,
+        args.json.write_text(json.dumps({**facts, "workload": w.meta, "n": w.n, "steps": w.steps,
+                                         "repeat": args.repeat, "figures": summary,
                                          "checks": [{"item": i, "ok": ok, "detail": d} for i, ok, d in checks]},
                                         indent=1))
     return 0 if all(ok for _, ok, _ in checks) else 1
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def fcl_installed() -> bool:
+    return importlib.util.find_spec("fcl") is not None
+
+
+def fcl_anchor(w: workload.Workload, results: dict, repeat: int) -> dict:
+    """python-fcl's figures on W1, summarised over `repeat` runs, with how its answers compare."""
+    n_queries, fcl_steps = min(FCL_QUERIES, len(w.q_aabb)), min(FCL_STEPS, w.steps)
+    fcl_figures = []
+    for attempt in range(repeat):
+        figures, fcl_results = fcl_run(w, n_queries, fcl_steps, measure_memory=attempt == 0)
+        fcl_figures.append(figures)
+        if attempt == 0:
+            fcl_memory = fcl_results["memory_tree"]
+        print(f"fcl run {attempt + 1}/{repeat}: step {figures['step']:.2f} ms, "
+              f"box query {figures['query_aabb']:.2f} us", flush=True)
+    summary = summarise(fcl_figures)
+    dbvt_counts = np.diff(results["query_aabb"][0])[:n_queries]
+    print(f"fcl: register+setup of all {w.n} proxies; box query = collide(query object, callback "
+          f"collecting candidates) on the first {n_queries} boxes, query objects built untimed; update and "
+          f"step on the first {fcl_steps} steps (step = setTranslation + update(moved) + self collide with "
+          f"the same callback); memory = RSS growth over objects + register + setup, first run only")
+    print(f"fcl box-query hit counts equal dbvt's on those {n_queries} queries: "
+          f"{np.array_equal(dbvt_counts, fcl_results['query_counts'])}; fcl pairs per step "
+          f"{fcl_results['pairs_per_step']} vs dbvt {results['pairs_per_step'][:fcl_steps]}")
+    summary["memory_tree"] = {"median": fcl_memory, "min": fcl_memory}
+    return summary

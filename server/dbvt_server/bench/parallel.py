@@ -219,7 +219,7 @@ def over_the_wire(client, target: str, work, server_pid: int | None, window: flo
     server = ThreadMeter(server_pid)
     try:
         return {
-            "query": scaling(lambda i: _query_job(channels[i], WORLDS[i], work.queries), window, server, repeats),
+            "query": scaling(lambda i: _query_job(channels[i], WORLDS[i], work.q_aabb), window, server, repeats),
             "steps": scaling(lambda i: _stream_job(channels[i], WORLDS[i], work), window, server, repeats),
         }
     finally:
@@ -243,7 +243,7 @@ def in_process(work, window: float, repeats: int) -> dict[str, Scaling]:
     def query_job(i: int) -> Job:
         def job(stop: threading.Event, stamps: list) -> None:
             while not stop.is_set():
-                worlds[i].query_aabb(work.queries)
+                worlds[i].query_aabb(work.q_aabb)
                 stamps.append(time.perf_counter())
         return job
 

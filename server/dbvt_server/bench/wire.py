@@ -1,10 +1,8 @@
-"""dbvt-bench: W1 streamed through a dbvt-server, against the in-process dbvt.Broadphase on the same data.
+"""`dbvt-bench wire`: W1 streamed through a dbvt-server, against the in-process dbvt.Broadphase on the same data.
 
-    dbvt-bench [W1_DIR] [--target HOST:PORT [--server-pid PID]] [--repeats 3]
-
-W1_DIR is a directory made by the shared W1 workload script (boxes.f32, moves_ids.u32, moves_box.f32,
-q_aabb.f32, meta.json; expected.json, if present, is checked); without one a W1-like world of --n
-proxies is generated here. Without --target a server is started as a child process. Figures are
+DIRECTORY is a W1 directory (see dbvt_server.bench.workload; its expected.json, if present, is
+checked); without one, W1 data of --n proxies and --steps steps and its exact answers are made first,
+in a temporary directory. Without --target a server is started as a child process. Figures are
 medians of --repeats runs; the server and this client are separate processes talking over loopback.
 The steps are streamed twice, each time to a new world: tick by tick (send a step, wait for its
 pair changes) and with two ticks in flight (send step t+1, then read step t's answer), which the
@@ -19,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import pathlib
 import re
 import statistics
@@ -31,72 +28,13 @@ import time
 import numpy as np
 
 from dbvt_client import Client
+from dbvt_server.bench import console, workload
 from dbvt_server.bench import floor as bench_floor
 from dbvt_server.bench import parallel as bench_parallel
+from dbvt_server.bench.console import Progress
+from dbvt_server.bench.workload import Workload
 
 LISTENING = re.compile(r"listening on \S+:(\d+)")
-
-
-class Workload:
-    def __init__(self, boxes, move_ids, move_boxes, queries, expected=None):
-        self.boxes = boxes
-        self.move_ids = move_ids
-        self.move_boxes = move_boxes
-        self.queries = queries
-        self.expected = expected
-        self.ids = np.arange(len(boxes), dtype=np.uint64)
-
-    @property
-    def steps(self) -> int:
-        return len(self.move_ids)
-
-    @classmethod
-    def load(cls, directory: pathlib.Path) -> "Workload":
-        meta = json.loads((directory / "meta.json").read_text())
-        boxes = np.fromfile(directory / "boxes.f32", "<f4").reshape(-1, 6)
-        move_ids = np.fromfile(directory / "moves_ids.u32", "<u4").reshape(meta["steps"], -1).astype(np.uint64)
-        move_boxes = np.fromfile(directory / "moves_box.f32", "<f4").reshape(meta["steps"], -1, 6)
-        queries = np.fromfile(directory / "q_aabb.f32", "<f4").reshape(-1, 6)
-        expected_file = directory / "expected.json"
-        expected = json.loads(expected_file.read_text()) if expected_file.exists() else None
-        return cls(boxes, move_ids, move_boxes, queries, expected)
-
-    @classmethod
-    def generate(cls, n: int, steps: int, seed: int = 1) -> "Workload":
-        """The W1 recipe: side 5 n^(1/3), box sides 1..4, a tenth moving per step at <= 0.5, bouncing."""
-        rng = np.random.default_rng(seed)
-        side = 5.0 * n ** (1 / 3)
-        half = rng.uniform(0.5, 2.0, (n, 3))
-        centers = rng.uniform(0, side, (n, 3))
-        velocity = rng.normal(size=(n, 3))
-        velocity *= rng.uniform(0, 0.5, (n, 1)) / np.linalg.norm(velocity, axis=1, keepdims=True)
-        boxes = np.concatenate([centers - half, centers + half], 1).astype(np.float32)
-        move_ids, move_boxes = [], []
-        for _ in range(steps):
-            rows = np.sort(rng.choice(n, n // 10, replace=False))
-            moved = centers[rows] + velocity[rows]
-            velocity[rows] = np.where((moved < 0) | (moved > side), -velocity[rows], velocity[rows])
-            centers[rows] = np.clip(moved, 0, side)
-            move_ids.append(rows.astype(np.uint64))
-            move_boxes.append(np.concatenate([centers[rows] - half[rows], centers[rows] + half[rows]], 1))
-        queries = rng.uniform(0, side, (10_000, 3))
-        queries = np.concatenate([queries - 5.0, queries + 5.0], 1).astype(np.float32)
-        return cls(boxes, np.array(move_ids), np.array(move_boxes, np.float32), queries)
-
-
-class Progress:
-    """A one-line progress bar on stderr."""
-
-    def __init__(self, label: str, total: int):
-        self.label, self.total, self.done = label, total, 0
-
-    def advance(self) -> None:
-        self.done += 1
-        filled = 30 * self.done // max(self.total, 1)
-        sys.stderr.write(f"\r{self.label:<28} [{'#' * filled}{'.' * (30 - filled)}] {self.done}/{self.total}")
-        if self.done == self.total:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
 
 
 def start_server() -> tuple[subprocess.Popen, str]:
@@ -187,7 +125,7 @@ def wire_run(client: Client, work: Workload, progress: Progress) -> dict:
     pairs = len(world.apply(create=(work.ids, work.boxes)).begun)
     with world.stream() as stream:
         ahead_seconds, changes = steps_ahead(stream, work)
-    query_seconds = _median_call(lambda: world.query_aabb(work.queries))
+    query_seconds = _median_call(lambda: world.query_aabb(work.q_aabb))
     client.delete_world(name)
     quiet = _fresh_world(client, name + "-query-only", track_pairs=False)
     quiet.apply(create=(work.ids, work.boxes))
@@ -229,7 +167,7 @@ def local_run(work: Workload, progress: Progress) -> dict:
     from dbvt import Broadphase
 
     broadphase, create_seconds, step_seconds = local_steps(work, progress)
-    query_seconds = _median_call(lambda: broadphase.query_aabb(work.queries))
+    query_seconds = _median_call(lambda: broadphase.query_aabb(work.q_aabb))
     rested_seconds = local_steps(work, rest=REST_BEFORE_STEP)[2]
     quiet = Broadphase(dims=3, margin=0.05, track_pairs=False)
     quiet.create(work.ids, work.boxes)
@@ -277,7 +215,7 @@ def report(work: Workload, wire: list[dict], local: list[dict], floor: float) ->
                 f"{ratio_of(wire, local, key):8.2f}  {target}")
 
     lines = [
-        f"W1: N={n}, {work.steps} steps of {moves} moves, {len(work.queries)} box queries; "
+        f"W1: N={n}, {work.steps} steps of {moves} moves, {len(work.q_aabb)} box queries; "
         f"medians of {len(wire)} runs; ratio: median of the runs' own ratios",
         f"{'':40}{'server (wire)':>14}{'in-process':>12}{'ratio':>8}  target",
         row("create all, ms", "create", 1e3, 1, ""),
@@ -293,7 +231,7 @@ def report(work: Workload, wire: list[dict], local: list[dict], floor: float) ->
         f"{'move-only ingest (query-only world), M/s':40}{total_moves / median_of(wire, 'quiet_ingest') / 1e6:14.2f}"
         f"{total_moves / median_of(local, 'quiet_ingest') / 1e6:12.2f}"
         f"{ratio_of(wire, local, 'quiet_ingest'):8.2f}  >= 3 M/s",
-        row("10k box queries in one call, ms", "query", 1e3, 2, "<= 1.5x"),
+        row(f"{len(work.q_aabb) // 1000}k box queries in one call, ms", "query", 1e3, 2, "<= 1.5x"),
     ]
     if work.expected is not None:
         expected = work.expected["pairs_per_step"][:work.steps]
@@ -302,36 +240,39 @@ def report(work: Workload, wire: list[dict], local: list[dict], floor: float) ->
     return lines
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="dbvt-bench", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("w1_dir", nargs="?", type=pathlib.Path, help="a W1 directory (default: generate one)")
+def add_arguments(parser) -> None:
+    parser.description, parser.formatter_class = __doc__, argparse.RawDescriptionHelpFormatter
+    parser.add_argument("directory", nargs="?", type=pathlib.Path,
+                        help="a W1 directory (default: make W1 data with --n and --steps)")
     parser.add_argument("--target", help="HOST:PORT of a running dbvt-server (default: start one)")
     parser.add_argument("--server-pid", type=int,
                         help="process id of the --target server, if on this machine: its CPU use is then shown")
-    parser.add_argument("--n", type=int, default=100_000, help="proxies of the generated world [100000]")
-    parser.add_argument("--steps", type=int, default=30, help="steps to run (at most the directory's) [30]")
-    parser.add_argument("--repeats", type=int, default=3, help="runs of each side; medians are reported [3]")
+    parser.add_argument("--n", type=workload.at_least(10), default=100_000, help="proxies of the W1 data made here [100000]")
+    parser.add_argument("--steps", type=workload.at_least(1), default=30, help="steps to run (at most the directory's) [30]")
+    parser.add_argument("--seed", type=int, default=workload.W1_SEED, help="seed of the W1 data made here")
+    parser.add_argument("--repeats", type=workload.at_least(1), default=3, help="runs of each side; medians are reported [3]")
     parser.add_argument("--window", type=float, default=bench_parallel.WINDOW,
                         help=f"seconds of each two-busy-worlds round that are counted [{bench_parallel.WINDOW}]")
-    args = parser.parse_args(argv)
-    if args.w1_dir:
-        work = Workload.load(args.w1_dir)
-        work.move_ids, work.move_boxes = work.move_ids[:args.steps], work.move_boxes[:args.steps]
-    else:
-        work = Workload.generate(args.n, args.steps)
+
+
+def run(args, facts: dict) -> int:
+    with workload.w1_directory(args.directory, args.n, args.steps, args.seed) as directory:
+        work = workload.load(directory)
+    if work.kind != "W1":
+        raise workload.BadWorkload(f"{args.directory}: a {work.kind} directory; the wire benchmark runs on W1")
+    work = work.first(args.steps)
+    print(f"{args.directory or 'W1 made for this run'}: {work.describe()}", flush=True)
     process, target = (None, args.target) if args.target else start_server()
     server_pid = args.server_pid if process is None else process.pid
     try:
         with Client(target) as client:
             wire, local = [], []
-            for run in range(args.repeats):
+            for attempt in range(args.repeats):
+                label = f"run {attempt + 1}/{args.repeats}"
                 # Alternately first, so that neither side always runs right after the other.
-                sides = [lambda: wire.append(wire_run(client, work, Progress(f"server run {run + 1}/{args.repeats}",
-                                                                              work.steps))),
-                         lambda: local.append(local_run(work, Progress(f"in-process run {run + 1}/{args.repeats}",
-                                                                       work.steps)))]
-                for side in sides[::1 if run % 2 == 0 else -1]:
+                sides = [lambda: wire.append(wire_run(client, work, Progress(f"server {label}", work.steps))),
+                         lambda: local.append(local_run(work, Progress(f"in-process {label}", work.steps)))]
+                for side in sides[::1 if attempt % 2 == 0 else -1]:
                     side()
             sys.stderr.write("bare gRPC round trips...\n")
             floor = wire_floor(work, wire, local)
@@ -345,8 +286,5 @@ def main(argv: list[str] | None = None) -> int:
             process.wait(30)
     lines = report(work, wire, local, floor) + bench_parallel.report(parallel_wire, parallel_local, args.window)
     print("\n".join(lines))
+    console.footer(facts)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

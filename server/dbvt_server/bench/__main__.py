@@ -1,0 +1,49 @@
+"""`dbvt-bench` (or `python -m dbvt_server.bench`): make workloads, and run the benchmarks on them.
+
+    dbvt-bench workload w1 N STEPS DIR [--seed S]              W1 data and its exact answers
+    dbvt-bench workload w2 N STEPS DIR [--dims 2|3] [--seed S] W2 data and its exact answers
+    dbvt-bench core [DIR] [--n N --steps S] [--repeat R] ...   the core, beside python-fcl
+    dbvt-bench wire [DIR] [--target HOST:PORT] [--repeats R] ... the service over the wire
+
+A benchmark given no DIR makes W1 data first, in a temporary directory, so a fresh clone needs
+nothing else. Every command prints its command line, the machine and the load average first, and
+the load average again at its end.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from dbvt_server.bench import console, core, wire, workload
+
+COMMANDS = {
+    "workload": (workload, "make W1 or W2 data with its exact answers (expected.json)"),
+    "core": (core, "the dbvt core on a W1 or W2 directory, python-fcl beside it on W1"),
+    "wire": (wire, "W1 streamed through a dbvt-server, beside the in-process core"),
+}
+
+
+def parser() -> argparse.ArgumentParser:
+    made = argparse.ArgumentParser(prog=console.PROG, description=__doc__.split("\n\n")[0],
+                                   epilog="`dbvt-bench COMMAND --help` says more about each.")
+    commands = made.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (module, text) in COMMANDS.items():
+        sub = commands.add_parser(name, help=text, description=text)
+        module.add_arguments(sub)
+        sub.set_defaults(run=module.run)
+    return made
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parser().parse_args(argv)
+    facts = console.header(argv)
+    try:
+        return args.run(args, facts)
+    except workload.BadWorkload as exc:
+        print(f"{console.PROG}: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
