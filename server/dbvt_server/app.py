@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -64,18 +65,29 @@ async def create_server(config: Config) -> Running:
     where = address(config.host, config.port)
     try:
         port = server.add_insecure_port(where)
-    except RuntimeError as exc:
-        port, cause = 0, exc
-    else:
-        cause = None
+    except RuntimeError:
+        port = 0
     if not port:
         executor.shutdown()
-        raise PortUnavailable(f"cannot listen on {where}: the port is in use or the address is not available "
-                              f"({cause or 'bind failed'})")
+        raise PortUnavailable(f"cannot listen on {where}: {_bind_error(config.host, config.port)}")
     await server.start()
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     return Running(server, port, health_servicer, executor)
+
+
+def _bind_error(host: str, port: int) -> str:
+    """Why the address cannot be listened on, in the system's words: gRPC's own error says only to set
+    GRPC_VERBOSITY=debug and look at its log."""
+    try:
+        family, kind, protocol, _, where = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, protocol) as probe:
+            # As gRPC's listener does, so that only a port really in use fails.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(where)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return "the port is in use or the address is not available"
 
 
 async def serve(config: Config) -> None:
