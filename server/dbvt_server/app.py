@@ -12,10 +12,10 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from dbvt_proto.v1 import broadphase_pb2 as pb
-from dbvt_proto.v1 import broadphase_pb2_grpc as pb_grpc
 from dbvt_server.config import Config
+from dbvt_server.logs import Rejections
 from dbvt_server.service import Limits, Service
-from dbvt_server.servicer import BroadphaseServicer
+from dbvt_server.servicer import BroadphaseServicer, add_to_server
 
 log = logging.getLogger("dbvt_server")
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["BroadphaseService"].full_name
@@ -32,11 +32,13 @@ def address(host: str, port: int) -> str:
 class Running:
     """A started server and what must be shut down with it."""
 
-    def __init__(self, server: grpc.aio.Server, port: int, health_servicer, executor: ThreadPoolExecutor):
+    def __init__(self, server: grpc.aio.Server, port: int, health_servicer, executor: ThreadPoolExecutor,
+                 rejections: Rejections):
         self.server = server
         self.port = port
         self.health = health_servicer
         self.executor = executor
+        self.rejections = rejections
 
     async def stop(self, grace: float) -> None:
         """Refuse new calls, let calls in flight finish for up to `grace` seconds, then cancel them."""
@@ -44,6 +46,7 @@ class Running:
         await self.server.stop(grace)
         # An operation that had started when its call was cancelled runs to its end (see world_queue).
         self.executor.shutdown(wait=True)
+        self.rejections.flush()
 
 
 async def create_server(config: Config) -> Running:
@@ -56,8 +59,8 @@ async def create_server(config: Config) -> Running:
         # Two servers must never share a port silently.
         ("grpc.so_reuseport", 0),
     ])
-    pb_grpc.add_BroadphaseServiceServicer_to_server(BroadphaseServicer(Service(limits), executor),
-                                                    server)
+    rejections = Rejections()
+    add_to_server(BroadphaseServicer(Service(limits), executor, rejections), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
@@ -73,7 +76,7 @@ async def create_server(config: Config) -> Running:
     await server.start()
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    return Running(server, port, health_servicer, executor)
+    return Running(server, port, health_servicer, executor, rejections)
 
 
 def _bind_error(host: str, port: int) -> str:
