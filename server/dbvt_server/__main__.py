@@ -14,10 +14,11 @@ def main(argv: list[str] | None = None) -> int:
     # gRPC's C core writes to stderr itself, around our log: a failed bind, which we report in our own
     # words, even takes two lines. It reads the variable when grpc is first imported, so only now.
     os.environ.setdefault("GRPC_VERBOSITY", "NONE")
-    from dbvt_server import logs
+    from dbvt_server import logs, memory
     from dbvt_server.app import PortUnavailable, serve
 
     logs.configure(config.log_level)
+    memory.configure()
     try:
         asyncio.run(serve(config))
     except PortUnavailable as exc:

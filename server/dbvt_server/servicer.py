@@ -20,6 +20,7 @@ from dbvt_client.errors import DbvtError, InvalidArgument
 from dbvt_proto.v1 import broadphase_pb2 as pb
 from dbvt_proto.v1 import broadphase_pb2_grpc as pb_grpc
 from dbvt_server.logs import Rejections, shown
+from dbvt_server.memory import give_back
 from dbvt_server.service import Service
 from dbvt_server.staging import BatchStaging, stream_error
 from dbvt_server.world_queue import WorldQueue
@@ -102,8 +103,19 @@ class BroadphaseServicer(pb_grpc.BroadphaseServiceServicer):
     def _delete_world(self, request: pb.DeleteWorldRequest) -> pb.DeleteWorldResponse:
         world = self._service.world(request.name)
         response = self._service.delete_world(request)
+        # Operations already queued on the world still run: the memory is given back once they are done
+        # and the world is gone, on a world thread (trimming takes milliseconds).
+        weakref.finalize(world, self._give_back_memory).atexit = False
         log.info("deleted world %s (%d proxies)", shown(world.name), len(world.broadphase))
         return response
+
+    def _give_back_memory(self) -> None:
+        # Called as the world is dropped, just before the same thread frees its core without letting go
+        # of the GIL: the pool thread can only start trimming after that.
+        try:
+            self._executor.submit(give_back)
+        except RuntimeError:
+            pass  # the pool has shut down: the server is exiting anyway
 
     async def ListWorlds(self, request, context):
         return await self._registry_rpc("ListWorlds", self._service.list_worlds, request, context)
