@@ -18,6 +18,8 @@ from dbvt_server.app import create_server
 from dbvt_server.config import Config
 
 LISTENING = re.compile(r"listening on (\S+):(\d+)")
+# A line of the server's own log, as `dbvt-server` writes it.
+OWN_LINE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR) dbvt_server: ")
 # Children run outside the repository, so that `python -m` imports the installed packages, not ./dbvt.
 NEUTRAL_DIR = tempfile.gettempdir()
 
@@ -90,6 +92,10 @@ class ServerProcess:
     def terminate(self, timeout: float = 30) -> int:
         self.process.send_signal(signal.SIGTERM)
         return self.wait(timeout)
+
+    def output(self) -> list[str]:
+        """Every line written so far that has been read (all of them once the process has ended)."""
+        return "".join(self.lines).splitlines()
 
     def wait(self, timeout: float = 30) -> int:
         rest, _ = self.process.communicate(timeout=timeout)

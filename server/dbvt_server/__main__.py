@@ -3,16 +3,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 
-from dbvt_server.app import PortUnavailable, serve
 from dbvt_server.config import parse
 
 
 def main(argv: list[str] | None = None) -> int:
     config = parse(argv)
-    logging.basicConfig(level=config.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # gRPC's C core writes to stderr itself, around our log: a failed bind, which we report in our own
+    # words, even takes two lines. It reads the variable when grpc is first imported, so only now.
+    os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+    from dbvt_server import logs, memory
+    from dbvt_server.app import PortUnavailable, serve
+
+    logs.configure(config.log_level)
+    memory.configure()
     try:
         asyncio.run(serve(config))
     except PortUnavailable as exc:

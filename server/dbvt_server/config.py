@@ -2,15 +2,22 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from dataclasses import dataclass
+from typing import Callable, NamedTuple
+
+from dbvt_server import __version__
 
 MIB = 1 << 20
 MAX_GRPC_MESSAGE = (1 << 31) - 1
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 @dataclass(frozen=True)
 class Config:
+    """The server's settings; `workers` defaults to the number of cores, at least 2."""
+
     host: str = "127.0.0.1"
     port: int = 50051
     max_message_bytes: int = 64 * MIB
@@ -21,25 +28,40 @@ class Config:
     workers: int = max(2, os.cpu_count() or 1)
 
 
-# flag, environment variable, type, help; the defaults are Config's.
+class Setting(NamedTuple):
+    name: str
+    env: str
+    kind: type
+    help: str
+    # Whether a value is acceptable, and what a refused one is told: "<name> <rule>".
+    check: Callable[..., bool] = lambda value: True
+    rule: str = ""
+    # The default as --help states it, where Config's depends on the machine.
+    stated_default: str | None = None
+
+
+def _positive(value) -> bool:
+    return value > 0
+
+
 SETTINGS = [
-    ("host", "DBVT_HOST", str, "address to listen on (0.0.0.0 for every interface)"),
-    ("port", "DBVT_PORT", int, "TCP port; 0 picks a free one (the start-up log line names it)"),
-    ("max_message_bytes", "DBVT_MAX_MESSAGE_BYTES", int,
-     "largest request message accepted, in bytes; the SDK splits bigger batches and queries to fit"),
-    ("max_worlds", "DBVT_MAX_WORLDS", int, "most worlds held at once"),
-    ("max_proxies_per_world", "DBVT_MAX_PROXIES_PER_WORLD", int, "most proxies in one world"),
-    ("grace_seconds", "DBVT_GRACE_SECONDS", float,
-     "on SIGTERM/SIGINT, how long calls in flight may take to finish before they are cancelled"),
-    ("log_level", "DBVT_LOG_LEVEL", str, "DEBUG, INFO, WARNING or ERROR"),
-    ("workers", "DBVT_WORKERS", int, "threads running world operations (different worlds run in parallel)"),
+    Setting("host", "DBVT_HOST", str, "address to listen on (0.0.0.0 for every interface)"),
+    Setting("port", "DBVT_PORT", int, "TCP port; 0 picks a free one (the start-up log line names it)",
+            lambda port: 0 <= port <= 65535, "must be between 0 and 65535"),
+    Setting("max_message_bytes", "DBVT_MAX_MESSAGE_BYTES", int,
+            "largest request message accepted, in bytes; the SDK splits bigger batches and queries to fit",
+            lambda size: 0 < size <= MAX_GRPC_MESSAGE, f"must be between 1 and {MAX_GRPC_MESSAGE} (gRPC's limit)"),
+    Setting("max_worlds", "DBVT_MAX_WORLDS", int, "most worlds held at once", _positive, "must be positive"),
+    Setting("max_proxies_per_world", "DBVT_MAX_PROXIES_PER_WORLD", int, "most proxies in one world",
+            _positive, "must be positive"),
+    Setting("grace_seconds", "DBVT_GRACE_SECONDS", float,
+            "on SIGTERM/SIGINT, how long calls in flight may take to finish before they are cancelled",
+            lambda seconds: math.isfinite(seconds) and seconds >= 0, "must be a finite number >= 0"),
+    Setting("log_level", "DBVT_LOG_LEVEL", str, "DEBUG, INFO, WARNING or ERROR",
+            lambda level: level.upper() in LOG_LEVELS, f"must be one of {', '.join(LOG_LEVELS)}"),
+    Setting("workers", "DBVT_WORKERS", int, "threads running world operations (different worlds run in parallel)",
+            _positive, "must be positive", stated_default="the number of cores, at least 2"),
 ]
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
-
-
-def _positive(name: str, value) -> None:
-    if value <= 0:
-        raise ValueError(f"{name} must be positive, not {value}")
 
 
 def parse(argv: list[str] | None = None, environ=os.environ) -> Config:
@@ -48,29 +70,30 @@ def parse(argv: list[str] | None = None, environ=os.environ) -> Config:
         prog="dbvt-server",
         description="Serve dbvt broadphase worlds over gRPC (service dbvt.v1.BroadphaseService, with the "
                     "standard health service and server reflection). Every flag can also be set by the "
-                    "environment variable shown; a flag given on the command line wins.")
-    for name, env, kind, text in SETTINGS:
-        default = getattr(defaults, name)
-        if env in environ:
+                    "environment variable shown; a flag given on the command line wins.",
+        epilog="gRPC's own log (its C core) stays off unless the environment sets GRPC_VERBOSITY.")
+    parser.add_argument("--version", action="version", version=f"dbvt-server {__version__}")
+    for setting in SETTINGS:
+        # Unset flags stay None, so that a refused value can be traced to the flag or the variable.
+        parser.add_argument("--" + setting.name.replace("_", "-"), dest=setting.name, type=setting.kind,
+                            help=f"{setting.help} [env {setting.env}; default "
+                                 f"{setting.stated_default or getattr(defaults, setting.name)}]")
+    flags = parser.parse_args(argv)
+    values = {}
+    for setting in SETTINGS:
+        flag = getattr(flags, setting.name)
+        if flag is not None:
+            value, source = flag, f"--{setting.name.replace('_', '-')} {flag}"
+        elif setting.env in environ:
+            raw = environ[setting.env]
             try:
-                default = kind(environ[env])
+                value = setting.kind(raw)
             except ValueError:
-                parser.error(f"environment variable {env}={environ[env]!r} is not a valid {kind.__name__}")
-        parser.add_argument("--" + name.replace("_", "-"), dest=name, type=kind, default=default,
-                            help=f"{text} [env {env}; default {getattr(defaults, name)}]")
-    config = Config(**vars(parser.parse_args(argv)))
-    try:
-        for name in ("max_message_bytes", "max_worlds", "max_proxies_per_world", "workers"):
-            _positive(name, getattr(config, name))
-        if config.max_message_bytes > MAX_GRPC_MESSAGE:
-            raise ValueError(f"max_message_bytes must be at most {MAX_GRPC_MESSAGE} (gRPC's limit), "
-                             f"not {config.max_message_bytes}")
-        if config.grace_seconds < 0:
-            raise ValueError(f"grace_seconds must be >= 0, not {config.grace_seconds}")
-        if not 0 <= config.port <= 65535:
-            raise ValueError(f"port must be between 0 and 65535, not {config.port}")
-        if config.log_level.upper() not in LOG_LEVELS:
-            raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}, not {config.log_level!r}")
-    except ValueError as exc:
-        parser.error(str(exc))
-    return config
+                parser.error(f"environment variable {setting.env}={raw!r} is not a valid {setting.kind.__name__}")
+            source = f"environment variable {setting.env}={raw}"
+        else:
+            continue
+        if not setting.check(value):
+            parser.error(f"{source}: {setting.name} {setting.rule}")
+        values[setting.name] = value
+    return Config(**values)

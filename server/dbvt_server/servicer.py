@@ -3,7 +3,7 @@
 Each world has one queue of operations (dbvt_server.world_queue): calls on one world run one at a
 time, in the order they arrived. The work itself runs on a thread pool, off the event loop, so
 worlds run in parallel (the core releases the GIL). Errors become statuses through the SDK's one
-error table.
+error table, and each is logged (dbvt_server.logs).
 """
 from __future__ import annotations
 
@@ -13,9 +13,14 @@ import time
 import weakref
 from concurrent.futures import Executor
 
-from dbvt_client.errors import from_exception
+import grpc
+from google.protobuf.message import DecodeError
+
+from dbvt_client.errors import DbvtError, InvalidArgument
 from dbvt_proto.v1 import broadphase_pb2 as pb
 from dbvt_proto.v1 import broadphase_pb2_grpc as pb_grpc
+from dbvt_server.logs import Rejections, shown
+from dbvt_server.memory import give_back
 from dbvt_server.service import Service
 from dbvt_server.staging import BatchStaging, stream_error
 from dbvt_server.world_queue import WorldQueue
@@ -40,9 +45,10 @@ def _timed(function):
 
 
 class BroadphaseServicer(pb_grpc.BroadphaseServiceServicer):
-    def __init__(self, service: Service, executor: Executor):
+    def __init__(self, service: Service, executor: Executor, rejections: Rejections):
         self._service = service
         self._executor = executor
+        self._rejections = rejections
         self._queues: weakref.WeakKeyDictionary[World, WorldQueue] = weakref.WeakKeyDictionary()
 
     def _start(self, world: World, function, request) -> asyncio.Future:
@@ -61,29 +67,58 @@ class BroadphaseServicer(pb_grpc.BroadphaseServiceServicer):
 
     async def _world_rpc(self, method: str, request, context):
         try:
+            _decoded(request)
             return await self._start(self._service.world(request.world), WORLD_RPCS[method], request)
         except Exception as exc:
-            error = from_exception(exc)
-            await context.abort(error.code, error.message)
+            await self._abort(context, method, request, exc)
 
-    async def _registry_rpc(self, function, request, context):
+    async def _registry_rpc(self, method: str, function, request, context):
         try:
+            _decoded(request)
             return function(request)
         except Exception as exc:
-            error = from_exception(exc)
-            await context.abort(error.code, error.message)
+            await self._abort(context, method, request, exc)
+
+    async def _abort(self, context, method: str, request, exc: Exception):
+        error = self._rejections.log(method, getattr(request, "world", getattr(request, "name", None)), exc)
+        await context.abort(error.code, error.message)
 
     async def GetServerInfo(self, request, context):
-        return await self._registry_rpc(self._service.server_info, request, context)
+        return await self._registry_rpc("GetServerInfo", self._service.server_info, request, context)
 
     async def CreateWorld(self, request, context):
-        return await self._registry_rpc(self._service.create_world, request, context)
+        return await self._registry_rpc("CreateWorld", self._create_world, request, context)
+
+    def _create_world(self, request: pb.CreateWorldRequest) -> pb.CreateWorldResponse:
+        response = self._service.create_world(request)
+        if getattr(response, "created", True):
+            world = response.world
+            log.info("created world %s (dims=%d, margin=%g, track_pairs=%s, max_proxies=%d)", shown(world.name),
+                     world.dims, world.margin, world.track_pairs, world.max_proxies)
+        return response
 
     async def DeleteWorld(self, request, context):
-        return await self._registry_rpc(self._service.delete_world, request, context)
+        return await self._registry_rpc("DeleteWorld", self._delete_world, request, context)
+
+    def _delete_world(self, request: pb.DeleteWorldRequest) -> pb.DeleteWorldResponse:
+        world = self._service.world(request.name)
+        response = self._service.delete_world(request)
+        # Operations already queued on the world still run: the memory is given back once they are done
+        # and the world is gone, on a world thread (trimming takes milliseconds).
+        weakref.finalize(world, self._give_back_memory).atexit = False
+        log.info("deleted world %s (%d proxies)", shown(world.name), len(world.broadphase))
+        return response
+
+    def _give_back_memory(self) -> None:
+        # Called as the world is dropped, just before the same thread frees its core without letting go
+        # of the GIL: the pool thread can only start trimming after that.
+        try:
+            self._executor.submit(give_back)
+        except RuntimeError:
+            pass  # the pool has shut down: the server is exiting anyway
 
     async def ListWorlds(self, request, context):
-        return await self._registry_rpc(self._service.list_worlds, request, context)
+        return await self._registry_rpc("ListWorlds", self._service.list_worlds, request, context)
 
     async def GetWorldStats(self, request, context):
         return await self._world_rpc("GetWorldStats", request, context)
@@ -120,15 +155,19 @@ class BroadphaseServicer(pb_grpc.BroadphaseServiceServicer):
         reader = asyncio.create_task(self._start_batches(request_iterator, answers, window))
         try:
             while (answer := await answers.get()) is not None:
-                sequence, outcome = answer
+                sequence, world, outcome = answer
                 try:
                     result = await outcome
                 except Exception as exc:
-                    yield stream_error(sequence, from_exception(exc))
+                    yield stream_error(sequence, self._rejections.log("StreamBatches", world, exc))
                 else:
                     yield pb.StreamBatchesResponse(sequence=sequence, result=result)
                 window.release()
-            await reader
+            try:
+                await reader
+            except DbvtError as exc:
+                # A message that is not a StreamBatchesRequest: the stream cannot go on.
+                await self._abort(context, "StreamBatches", None, exc)
         finally:
             reader.cancel()
             await _settle(reader, answers)
@@ -138,15 +177,16 @@ class BroadphaseServicer(pb_grpc.BroadphaseServiceServicer):
         staging = BatchStaging(self._service.limits)
         try:
             async for request in request_iterator:
+                _decoded(request)
                 try:
                     batch = staging.add(request)
                 except Exception as exc:
                     await window.acquire()
-                    answers.put_nowait((request.sequence, _failed(exc)))
+                    answers.put_nowait((request.sequence, request.world, _failed(exc)))
                     continue
                 if batch is not None:
                     await window.acquire()
-                    answers.put_nowait((request.sequence, self._start_batch(request.world, batch)))
+                    answers.put_nowait((request.sequence, request.world, self._start_batch(request.world, batch)))
         finally:
             answers.put_nowait(None)
 
@@ -175,5 +215,51 @@ async def _settle(reader: asyncio.Task, answers: asyncio.Queue) -> None:
     while not answers.empty():
         answer = answers.get_nowait()
         if answer is not None:
-            pending.append(answer[1])
+            pending.append(answer[-1])
     await asyncio.gather(*pending, return_exceptions=True)
+
+
+class Undecodable:
+    """What reaches the servicer for bytes that are not the method's request message. A deserializer
+    that raised would instead make gRPC log a traceback and answer UNKNOWN."""
+
+    def __init__(self, message_class):
+        self.error = InvalidArgument(f"the request is not a valid {message_class.DESCRIPTOR.full_name} message")
+
+
+def _decoded(request) -> None:
+    if isinstance(request, Undecodable):
+        raise request.error
+
+
+def _tolerant(message_class):
+    def deserialize(data: bytes):
+        try:
+            return message_class.FromString(data)
+        except DecodeError:
+            return Undecodable(message_class)
+
+    return deserialize
+
+
+_HANDLERS = {
+    (False, False): grpc.unary_unary_rpc_method_handler,
+    (False, True): grpc.unary_stream_rpc_method_handler,
+    (True, False): grpc.stream_unary_rpc_method_handler,
+    (True, True): grpc.stream_stream_rpc_method_handler,
+}
+
+
+def add_to_server(servicer: BroadphaseServicer, server: grpc.aio.Server) -> None:
+    """What the generated add_BroadphaseServiceServicer_to_server does, with requests decoded by
+    `_tolerant` deserializers."""
+    service = pb.DESCRIPTOR.services_by_name["BroadphaseService"]
+    handlers = {
+        method.name: _HANDLERS[method.client_streaming, method.server_streaming](
+            getattr(servicer, method.name),
+            request_deserializer=_tolerant(getattr(pb, method.input_type.name)),
+            response_serializer=getattr(pb, method.output_type.name).SerializeToString)
+        for method in service.methods
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
+    server.add_registered_method_handlers(service.full_name, handlers)

@@ -1,0 +1,73 @@
+"""dbvt-server's settings: --version, the defaults --help states, and refused values traced to their source."""
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from dbvt_server import __version__
+from dbvt_server.config import Config, parse
+from servers import NEUTRAL_DIR, server_command
+
+
+def _run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([*server_command(), *args], capture_output=True, text=True, timeout=60, cwd=NEUTRAL_DIR,
+                          env={**os.environ, **(env or {})})
+
+
+def test_version():
+    shown = _run("--version")
+    assert (shown.returncode, shown.stdout) == (0, f"dbvt-server {__version__}\n")
+    assert __version__ == "0.1.0"
+
+
+def test_help_states_the_workers_rule_not_this_machines_count():
+    shown = _run("--help")
+    text = " ".join(shown.stdout.split())
+    assert "[env DBVT_WORKERS; default the number of cores, at least 2]" in text
+    assert Config().workers == max(2, os.cpu_count() or 1)
+
+
+def test_a_refused_variable_is_named():
+    shown = _run(env={"DBVT_WORKERS": "0"})
+    assert shown.returncode == 2
+    assert shown.stderr.splitlines()[-1] == \
+        "dbvt-server: error: environment variable DBVT_WORKERS=0: workers must be positive"
+
+
+def test_a_refused_flag_is_named():
+    shown = _run("--workers", "0")
+    assert shown.returncode == 2
+    assert shown.stderr.splitlines()[-1] == "dbvt-server: error: --workers 0: workers must be positive"
+
+
+# A refused value of every validated setting, and what it is told.
+REFUSED = [
+    ("port", "70000", "port must be between 0 and 65535"),
+    ("max_message_bytes", "0", "max_message_bytes must be between 1 and 2147483647 (gRPC's limit)"),
+    ("max_message_bytes", "2147483648", "max_message_bytes must be between 1 and 2147483647 (gRPC's limit)"),
+    ("max_worlds", "0", "max_worlds must be positive"),
+    ("max_proxies_per_world", "-5", "max_proxies_per_world must be positive"),
+    ("grace_seconds", "-1.0", "grace_seconds must be a finite number >= 0"),
+    ("grace_seconds", "nan", "grace_seconds must be a finite number >= 0"),
+    ("log_level", "loud", "log_level must be one of DEBUG, INFO, WARNING, ERROR"),
+    ("workers", "0", "workers must be positive"),
+]
+
+
+@pytest.mark.parametrize("name, value, told", REFUSED)
+def test_every_refused_setting_names_its_source(name, value, told, capsys):
+    env = "DBVT_" + name.upper()
+    with pytest.raises(SystemExit):
+        parse([], environ={env: value})
+    assert capsys.readouterr().err.splitlines()[-1] == \
+        f"dbvt-server: error: environment variable {env}={value}: {told}"
+    flag = "--" + name.replace("_", "-")
+    with pytest.raises(SystemExit):
+        parse([flag, value], environ={})
+    assert capsys.readouterr().err.splitlines()[-1] == f"dbvt-server: error: {flag} {value}: {told}"
+
+
+def test_a_flag_overrides_a_refused_variable():
+    assert parse(["--workers", "3"], environ={"DBVT_WORKERS": "0"}).workers == 3
