@@ -266,9 +266,9 @@ def test_relative_links_resolve():
 @pytest.mark.parametrize("page", ["README.md", "docs/operations.md"])
 def test_every_server_setting_is_documented(page):
     text = (REPO / page).read_text()
-    for name, variable, _, _ in config.SETTINGS:
-        flag = "--" + name.replace("_", "-")
-        assert f"`{flag}`" in text and f"`{variable}`" in text, f"{page} does not document {flag} / {variable}"
+    for setting in config.SETTINGS:
+        flag = "--" + setting.name.replace("_", "-")
+        assert f"`{flag}`" in text and f"`{setting.env}`" in text, f"{page} does not document {flag} / {setting.env}"
 
 
 def test_no_page_sends_users_outside_the_repository():
