@@ -103,19 +103,26 @@ class BroadphaseServicer(pb_grpc.BroadphaseServiceServicer):
     def _delete_world(self, request: pb.DeleteWorldRequest) -> pb.DeleteWorldResponse:
         world = self._service.world(request.name)
         response = self._service.delete_world(request)
-        # Operations already queued on the world still run: the memory is given back once they are done
-        # and the world is gone, on a world thread (trimming takes milliseconds).
-        weakref.finalize(world, self._give_back_memory).atexit = False
+        # Operations already queued on the world still run: its memory is given back once they are done
+        # and the world is gone.
+        weakref.finalize(world, self._give_back_memory, asyncio.get_running_loop()).atexit = False
         log.info("deleted world %s (%d proxies)", shown(world.name), len(world.broadphase))
         return response
 
-    def _give_back_memory(self) -> None:
-        # Called as the world is dropped, just before the same thread frees its core without letting go
-        # of the GIL: the pool thread can only start trimming after that.
+    def _give_back_memory(self, loop: asyncio.AbstractEventLoop) -> None:
+        # Runs on whichever thread drops the world, possibly in the garbage collector while that thread
+        # holds a lock (the pool's own, inside submit): so take none here, and let the loop submit.
+        try:
+            loop.call_soon_threadsafe(self._trim)
+        except RuntimeError:
+            pass  # the loop has closed: the server has stopped
+
+    def _trim(self) -> None:
+        """On a world thread: trimming takes milliseconds."""
         try:
             self._executor.submit(give_back)
         except RuntimeError:
-            pass  # the pool has shut down: the server is exiting anyway
+            pass  # the pool has shut down: the server is stopping
 
     async def ListWorlds(self, request, context):
         return await self._registry_rpc("ListWorlds", self._service.list_worlds, request, context)
