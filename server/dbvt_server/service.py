@@ -91,8 +91,10 @@ class Service:
         del self._worlds[request.name]
         return pb.DeleteWorldResponse()
 
-    def list_worlds(self, request: pb.ListWorldsRequest) -> pb.ListWorldsResponse:
-        return pb.ListWorldsResponse(worlds=[self._worlds[name].info() for name in sorted(self._worlds)])
+    def list_worlds(self, request: pb.ListWorldsRequest, visible=lambda name: True) -> pb.ListWorldsResponse:
+        """The worlds, sorted by name; only those `visible(name)` accepts."""
+        return pb.ListWorldsResponse(worlds=[self._worlds[name].info() for name in sorted(self._worlds)
+                                             if visible(name)])
 
     def call(self, method: str, request):
         """Any unary RPC, in-process."""

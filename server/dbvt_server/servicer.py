@@ -3,7 +3,8 @@
 Each world has one queue of operations (dbvt_server.world_queue): calls on one world run one at a
 time, in the order they arrived. The work itself runs on a thread pool, off the event loop, so
 worlds run in parallel (the core releases the GIL). Errors become statuses through the SDK's one
-error table, and each is logged (dbvt_server.logs).
+error table, and each is logged (dbvt_server.logs). Each method first asks `dbvt_server.access` for
+the right it needs (RIGHTS) on the world it names.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from google.protobuf.message import DecodeError
 from dbvt_client.errors import DbvtError, InvalidArgument
 from dbvt_proto.v1 import broadphase_pb2 as pb
 from dbvt_proto.v1 import broadphase_pb2_grpc as pb_grpc
+from dbvt_server import access
 from dbvt_server.logs import Rejections, shown
 from dbvt_server.memory import give_back
 from dbvt_server.service import Service
@@ -27,6 +29,10 @@ from dbvt_server.world_queue import WorldQueue
 from dbvt_server.worlds import WORLD_RPCS, World
 
 log = logging.getLogger("dbvt_server")
+
+# The right each world RPC needs on its world (a token's role grants read, write or admin).
+RIGHTS = {"GetWorldStats": "read", "QueryAabb": "read", "QuerySphere": "read", "Raycast": "read",
+          "QueryFrustum": "read", "GetPairs": "read", "ApplyBatch": "write", "StreamBatches": "write"}
 
 
 def _timed(function):
@@ -68,6 +74,7 @@ class BroadphaseServicer(pb_grpc.BroadphaseServiceServicer):
     async def _world_rpc(self, method: str, request, context):
         try:
             _decoded(request)
+            access.require(RIGHTS[method], request.world)
             return await self._start(self._service.world(request.world), WORLD_RPCS[method], request)
         except Exception as exc:
             await self._abort(context, method, request, exc)
@@ -84,29 +91,35 @@ class BroadphaseServicer(pb_grpc.BroadphaseServiceServicer):
         await context.abort(error.code, error.message)
 
     async def GetServerInfo(self, request, context):
-        return await self._registry_rpc("GetServerInfo", self._service.server_info, request, context)
+        return await self._registry_rpc("GetServerInfo", self._server_info, request, context)
+
+    def _server_info(self, request: pb.GetServerInfoRequest) -> pb.GetServerInfoResponse:
+        access.require("read")
+        return self._service.server_info(request)
 
     async def CreateWorld(self, request, context):
         return await self._registry_rpc("CreateWorld", self._create_world, request, context)
 
     def _create_world(self, request: pb.CreateWorldRequest) -> pb.CreateWorldResponse:
+        access.require("admin", request.name)
         response = self._service.create_world(request)
-        if getattr(response, "created", True):
+        if response.created:
             world = response.world
-            log.info("created world %s (dims=%d, margin=%g, track_pairs=%s, max_proxies=%d)", shown(world.name),
-                     world.dims, world.margin, world.track_pairs, world.max_proxies)
+            log.info("created world %s (dims=%d, margin=%g, track_pairs=%s, max_proxies=%d)%s", shown(world.name),
+                     world.dims, world.margin, world.track_pairs, world.max_proxies, _by_whom())
         return response
 
     async def DeleteWorld(self, request, context):
         return await self._registry_rpc("DeleteWorld", self._delete_world, request, context)
 
     def _delete_world(self, request: pb.DeleteWorldRequest) -> pb.DeleteWorldResponse:
+        access.require("admin", request.name)
         world = self._service.world(request.name)
         response = self._service.delete_world(request)
         # Operations already queued on the world still run: its memory is given back once they are done
         # and the world is gone.
         weakref.finalize(world, self._give_back_memory, asyncio.get_running_loop()).atexit = False
-        log.info("deleted world %s (%d proxies)", shown(world.name), len(world.broadphase))
+        log.info("deleted world %s (%d proxies)%s", shown(world.name), len(world.broadphase), _by_whom())
         return response
 
     def _give_back_memory(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -125,7 +138,11 @@ class BroadphaseServicer(pb_grpc.BroadphaseServiceServicer):
             pass  # the pool has shut down: the server is stopping
 
     async def ListWorlds(self, request, context):
-        return await self._registry_rpc("ListWorlds", self._service.list_worlds, request, context)
+        return await self._registry_rpc("ListWorlds", self._list_worlds, request, context)
+
+    def _list_worlds(self, request: pb.ListWorldsRequest) -> pb.ListWorldsResponse:
+        access.require("read")
+        return self._service.list_worlds(request, access.visible)
 
     async def GetWorldStats(self, request, context):
         return await self._world_rpc("GetWorldStats", request, context)
@@ -199,10 +216,16 @@ class BroadphaseServicer(pb_grpc.BroadphaseServiceServicer):
 
     def _start_batch(self, name: str, batch: pb.Batch) -> asyncio.Future:
         try:
+            access.require(RIGHTS["StreamBatches"], name)
             world = self._service.world(name)
         except Exception as exc:
             return _failed(exc)
         return self._start(world, World.apply, batch)
+
+
+def _by_whom() -> str:
+    name = access.caller_name()
+    return "" if name is None else f" by token {name!r}"
 
 
 # Batches of one stream started before the oldest of them has been answered.
