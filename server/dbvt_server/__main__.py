@@ -1,29 +1,58 @@
-"""`dbvt-server` (or `python -m dbvt_server`): run the server until SIGTERM/SIGINT."""
+"""`dbvt-server` (or `python -m dbvt_server`): run the server until SIGTERM/SIGINT.
+
+`dbvt-server new-token NAME ROLE WORLD-GLOB` instead prints a fresh token and its token-file line.
+"""
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 import os
 import sys
 
 from dbvt_server.config import parse
+from dbvt_server.tokens import ROLES, TokenFileError, new_token
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["new-token"]:
+        return print_new_token(argv[1:])
     config = parse(argv)
     # gRPC's C core writes to stderr itself, around our log: a failed bind, which we report in our own
     # words, even takes two lines. It reads the variable when grpc is first imported, so only now.
     os.environ.setdefault("GRPC_VERBOSITY", "NONE")
     from dbvt_server import logs, memory
     from dbvt_server.app import PortUnavailable, serve
+    from dbvt_server.tls import TlsFileError
 
     logs.configure(config.log_level)
     memory.configure()
     try:
         asyncio.run(serve(config))
-    except PortUnavailable as exc:
+    except (PortUnavailable, TlsFileError, TokenFileError) as exc:
         logging.getLogger("dbvt_server").error("%s", exc)
         return 1
+    return 0
+
+
+def print_new_token(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="dbvt-server new-token",
+        description="Print a fresh random token, once, and the line that grants it in the token file "
+                    "(--tokens). The file keeps only the token's SHA-256 digest.")
+    parser.add_argument("name", help="who holds the token; the server's log names it")
+    parser.add_argument("role", choices=ROLES, help="read: queries and stats; write: also batches; "
+                                                    "admin: also creating and deleting worlds")
+    parser.add_argument("worlds", help="glob of the world names it may touch, such as 'arena-*' or '*' "
+                                       "(quote it for the shell)")
+    args = parser.parse_args(argv)
+    try:
+        secret, line = new_token(args.name, args.role, args.worlds)
+    except TokenFileError as exc:
+        parser.error(str(exc).removeprefix("the new line line 1: "))
+    print(f"token (give it to the client; it is not stored anywhere): {secret}")
+    print(f"line for the token file: {line}")
     return 0
 
 

@@ -12,10 +12,12 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from dbvt_proto.v1 import broadphase_pb2 as pb
+from dbvt_server.access import Access, TokenInterceptor
 from dbvt_server.config import Config
 from dbvt_server.logs import Rejections
 from dbvt_server.service import Limits, Service
 from dbvt_server.servicer import BroadphaseServicer, add_to_server
+from dbvt_server.tls import ServerTls
 
 log = logging.getLogger("dbvt_server")
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["BroadphaseService"].full_name
@@ -33,16 +35,29 @@ class Running:
     """A started server and what must be shut down with it."""
 
     def __init__(self, server: grpc.aio.Server, port: int, health_servicer, executor: ThreadPoolExecutor,
-                 rejections: Rejections):
+                 rejections: Rejections, tls: ServerTls | None, access: Access | None,
+                 health_server: grpc.aio.Server | None, health_port: int | None):
         self.server = server
         self.port = port
         self.health = health_servicer
         self.executor = executor
         self.rejections = rejections
+        self.tls = tls
+        self.access = access
+        self.health_server = health_server
+        self.health_port = health_port
+
+    def reload(self) -> None:
+        """Re-read the certificates and the token file (SIGHUP); a bad file keeps what is in force."""
+        for reloadable in (self.tls, self.access):
+            if reloadable is not None:
+                reloadable.reload()
 
     async def stop(self, grace: float) -> None:
         """Refuse new calls, let calls in flight finish for up to `grace` seconds, then cancel them."""
         await self.health.enter_graceful_shutdown()
+        if self.health_server is not None:
+            await self.health_server.stop(None)
         await self.server.stop(grace)
         # An operation that had started when its call was cancelled runs to its end (see world_queue).
         self.executor.shutdown(wait=True)
@@ -50,33 +65,67 @@ class Running:
 
 
 async def create_server(config: Config) -> Running:
-    """A started server listening on `config.host:config.port` (port 0: a free port, see `.port`)."""
-    executor = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="dbvt-world")
-    limits = Limits(config.max_worlds, config.max_proxies_per_world, config.max_message_bytes)
-    server = grpc.aio.server(options=[
+    """A started server listening on `config.host:config.port` (port 0: a free port, see `.port`).
+
+    Raises TlsFileError or TokenFileError, naming the file, when those it is given cannot be used.
+    """
+    tls = ServerTls(config.tls_cert, config.tls_key, config.tls_client_ca) if config.tls_cert else None
+    access = Access(config.tokens) if config.tokens else None
+    rejections = Rejections()
+    interceptors = []
+    if access is not None:
+        interceptors.append(TokenInterceptor(
+            access, lambda method, error: rejections.log(method.rpartition("/")[2], None, error)))
+    server = grpc.aio.server(interceptors=interceptors, options=[
         ("grpc.max_receive_message_length", config.max_message_bytes),
         ("grpc.max_send_message_length", -1),
-        # Two servers must never share a port silently.
-        ("grpc.so_reuseport", 0),
+        *SERVER_OPTIONS,
     ])
-    rejections = Rejections()
+    executor = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="dbvt-world")
+    limits = Limits(config.max_worlds, config.max_proxies_per_world, config.max_message_bytes)
     add_to_server(BroadphaseServicer(Service(limits), executor, rejections), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
-        [SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME], server)
-    where = address(config.host, config.port)
+    if config.reflection == "on":
+        reflection.enable_server_reflection([SERVICE_NAME, HEALTH_NAME, reflection.SERVICE_NAME], server)
     try:
-        port = server.add_insecure_port(where)
-    except RuntimeError:
-        port = 0
-    if not port:
+        port = _listen(server, config.host, config.port, tls.credentials() if tls else None)
+        health_server, health_port = None, None
+        if config.health_port is not None:
+            health_server = grpc.aio.server(options=SERVER_OPTIONS)
+            health_pb2_grpc.add_HealthServicer_to_server(health_servicer, health_server)
+            health_port = _listen(health_server, config.host, config.health_port, None)
+    except PortUnavailable:
         executor.shutdown()
-        raise PortUnavailable(f"cannot listen on {where}: {_bind_error(config.host, config.port)}")
+        raise
     await server.start()
+    if health_server is not None:
+        await health_server.start()
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    return Running(server, port, health_servicer, executor, rejections)
+    return Running(server, port, health_servicer, executor, rejections, tls, access, health_server, health_port)
+
+
+HEALTH_NAME = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
+# Two servers must never share a port silently.
+SERVER_OPTIONS = [("grpc.so_reuseport", 0)]
+
+
+def _listen(server: grpc.aio.Server, host: str, port: int, credentials: grpc.ServerCredentials | None) -> int:
+    """The port `server` was given on host:port, with TLS when given credentials."""
+    where = address(host, port)
+    try:
+        bound = server.add_secure_port(where, credentials) if credentials else server.add_insecure_port(where)
+    except RuntimeError:
+        bound = 0
+    if not bound:
+        raise PortUnavailable(f"cannot listen on {where}: {_bind_error(host, port)}")
+    return bound
+
+
+def _security(config: Config) -> str:
+    tls = "mutual TLS" if config.tls_client_ca else "TLS" if config.tls_cert else "plaintext"
+    return f"{tls}, {'tokens' if config.tokens else 'no tokens'}"
 
 
 def _bind_error(host: str, port: int) -> str:
@@ -96,13 +145,22 @@ def _bind_error(host: str, port: int) -> str:
 async def serve(config: Config) -> None:
     """Run until SIGTERM or SIGINT, then stop gracefully."""
     running = await create_server(config)
-    log.info("dbvt-server listening on %s (workers=%d, max_message_bytes=%d, max_worlds=%d, "
-             "max_proxies_per_world=%d)", address(config.host, running.port), config.workers,
-             config.max_message_bytes, config.max_worlds, config.max_proxies_per_world)
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
+    # Before the start-up line: whoever waits for it may signal at once.
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
+    loop.add_signal_handler(signal.SIGHUP, running.reload)
+    if running.health_port is not None:
+        log.info("health service on %s, plaintext, without tokens", address(config.host, running.health_port))
+    log.info("dbvt-server listening on %s (%s, workers=%d, max_message_bytes=%d, max_worlds=%d, "
+             "max_proxies_per_world=%d)", address(config.host, running.port), _security(config), config.workers,
+             config.max_message_bytes, config.max_worlds, config.max_proxies_per_world)
+    if config.exposed:
+        log.warning("listening on %s, beyond this machine, without %s: anyone who can reach the port may read, "
+                    "change and delete every world (see docs/operations.md, Security)", config.host,
+                    " and ".join(what for what, given in (("TLS", config.tls_cert), ("tokens", config.tokens))
+                                 if not given))
     await stopping.wait()
     log.info("stopping: finishing calls in flight (grace %.1f s)", config.grace_seconds)
     await running.stop(config.grace_seconds)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import math
 import os
 from dataclasses import dataclass
@@ -26,6 +27,26 @@ class Config:
     grace_seconds: float = 10.0
     log_level: str = "INFO"
     workers: int = max(2, os.cpu_count() or 1)
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_client_ca: str | None = None
+    tokens: str | None = None
+    reflection: str = "on"
+    health_port: int | None = None
+
+    @property
+    def exposed(self) -> bool:
+        """Whether the server listens beyond this machine without both TLS and tokens."""
+        return not is_loopback(self.host) and not (self.tls_cert and self.tokens)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 class Setting(NamedTuple):
@@ -61,7 +82,23 @@ SETTINGS = [
             lambda level: level.upper() in LOG_LEVELS, f"must be one of {', '.join(LOG_LEVELS)}"),
     Setting("workers", "DBVT_WORKERS", int, "threads running world operations (different worlds run in parallel)",
             _positive, "must be positive", stated_default="the number of cores, at least 2"),
+    Setting("tls_cert", "DBVT_TLS_CERT", str, "PEM certificate chain: with --tls-key, the server speaks only TLS",
+            stated_default="none, plaintext"),
+    Setting("tls_key", "DBVT_TLS_KEY", str, "PEM private key of --tls-cert", stated_default="none"),
+    Setting("tls_client_ca", "DBVT_TLS_CLIENT_CA", str,
+            "PEM CA bundle: clients must present a certificate it signed (mutual TLS)", stated_default="none"),
+    Setting("tokens", "DBVT_TOKENS", str,
+            "token file (lines '<name> <role> <world-glob> sha256:<hex>'): every call but health needs a token",
+            stated_default="none, no tokens needed"),
+    Setting("reflection", "DBVT_REFLECTION", str, "serve gRPC server reflection: on or off",
+            lambda value: value in ("on", "off"), "must be on or off"),
+    Setting("health_port", "DBVT_HEALTH_PORT", int,
+            "also serve only the health service, in plaintext, on this port (for probes that cannot speak TLS)",
+            lambda port: 0 <= port <= 65535, "must be between 0 and 65535", stated_default="none"),
 ]
+
+# Settings that mean nothing without another one.
+NEEDS = {"tls_cert": "tls_key", "tls_key": "tls_cert", "tls_client_ca": "tls_cert"}
 
 
 def parse(argv: list[str] | None = None, environ=os.environ) -> Config:
@@ -96,4 +133,7 @@ def parse(argv: list[str] | None = None, environ=os.environ) -> Config:
         if not setting.check(value):
             parser.error(f"{source}: {setting.name} {setting.rule}")
         values[setting.name] = value
+    for setting, needed in NEEDS.items():
+        if setting in values and needed not in values:
+            parser.error(f"--{setting.replace('_', '-')} needs --{needed.replace('_', '-')} as well")
     return Config(**values)
