@@ -8,19 +8,22 @@
 
 `AsyncClient` has the same methods, awaitable; `Client.local()` runs the same API in-process on the
 server's own worlds (which needs `pip install dbvt-server`; the SDK itself is pure Python). Errors raise one class per gRPC status,
-all subclasses of `DbvtError`.
+all subclasses of `DbvtError`. `Client(target, token=..., tls=...)` reaches a server with tokens and TLS.
 """
 from dbvt_client.aio import AsyncBatchStream, AsyncClient, AsyncWorld
 from dbvt_client.batches import Create
 from dbvt_client.client import BatchStream, Client, World
 from dbvt_client.errors import (AlreadyExists, Cancelled, DbvtError, DeadlineExceeded, FailedPrecondition, Internal,
-                                InvalidArgument, NotFound, ResourceExhausted, Unavailable, Unimplemented, Unknown)
+                                InvalidArgument, NotFound, PermissionDenied, ResourceExhausted, Unauthenticated,
+                                Unavailable, Unimplemented, Unknown)
 from dbvt_client.results import BatchResult, Hits, RayHits, WorldInfo
+from dbvt_client.security import TLS
 
 __all__ = [
-    "Client", "World", "BatchStream", "AsyncClient", "AsyncWorld", "AsyncBatchStream", "Create",
+    "Client", "World", "BatchStream", "AsyncClient", "AsyncWorld", "AsyncBatchStream", "Create", "TLS",
     "BatchResult", "Hits", "RayHits", "WorldInfo",
     "DbvtError", "InvalidArgument", "NotFound", "AlreadyExists", "ResourceExhausted", "FailedPrecondition",
-    "Unavailable", "DeadlineExceeded", "Cancelled", "Unimplemented", "Internal", "Unknown",
+    "Unavailable", "DeadlineExceeded", "Cancelled", "Unimplemented", "Internal", "Unauthenticated",
+    "PermissionDenied", "Unknown",
 ]
 __version__ = "0.1.0"

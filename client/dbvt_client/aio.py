@@ -13,14 +13,14 @@ from dbvt_client.client import (DEFAULT_MAX_PROXIES_PER_WORLD, DEFAULT_MAX_WORLD
 from dbvt_client.errors import (DbvtError, Unavailable, from_exception, from_rpc_error, from_status_number,
                                 from_stream_status)
 from dbvt_client.results import BatchResult, Hits, RayHits, WorldInfo
-from dbvt_client.transport import CHANNEL_OPTIONS, checked_target, local_transport
+from dbvt_client.transport import Connection, local_transport
 from dbvt_proto.v1 import broadphase_pb2 as pb
 from dbvt_proto.v1 import broadphase_pb2_grpc as pb_grpc
 
 
 class _GrpcStream:
-    def __init__(self, stub):
-        self._call = stub.StreamBatches()
+    def __init__(self, stub, metadata):
+        self._call = stub.StreamBatches(metadata=metadata)
 
     async def write(self, request) -> None:
         try:
@@ -43,29 +43,32 @@ class _GrpcStream:
 
 
 class _AsyncGrpcTransport:
-    def __init__(self, target: str, timeout: float | None):
-        self._channel = grpc.aio.insecure_channel(checked_target(target), options=CHANNEL_OPTIONS)
+    def __init__(self, connection: Connection):
+        self._channel = connection.channel(grpc.aio)
         self._stub = pb_grpc.BroadphaseServiceStub(self._channel)
-        self._timeout = timeout
+        self._timeout = connection.timeout
+        self._metadata = connection.metadata
 
     async def unary(self, method: str, request):
         try:
-            return await getattr(self._stub, method)(request, timeout=self._timeout)
+            return await getattr(self._stub, method)(request, timeout=self._timeout, metadata=self._metadata)
         except grpc.RpcError as error:
             raise from_rpc_error(error) from None
 
     def open_stream(self) -> _GrpcStream:
-        return _GrpcStream(self._stub)
+        return _GrpcStream(self._stub, self._metadata)
 
     async def close(self) -> None:
         await self._channel.close()
 
 
 class AsyncClient:
-    """`Client` for asyncio: `async with AsyncClient("127.0.0.1:50051") as client: ...`."""
+    """`Client` for asyncio: `async with AsyncClient("127.0.0.1:50051") as client: ...`; `token` and
+    `tls` as for `Client`."""
 
-    def __init__(self, target: str, *, timeout: float | None = None, _transport=None):
-        self._transport = _transport or _AsyncGrpcTransport(target, timeout)
+    def __init__(self, target: str, *, timeout: float | None = None, token: str | None = None, tls=None,
+                 _transport=None):
+        self._transport = _transport or _AsyncGrpcTransport(Connection(target, timeout, token, tls))
         self._max_message_bytes: int | None = None
 
     @classmethod

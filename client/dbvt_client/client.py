@@ -13,7 +13,7 @@ import numpy as np
 from dbvt_client import batches, queries
 from dbvt_client.errors import DbvtError, InvalidArgument, Unavailable, from_exception, from_status_number
 from dbvt_client.results import BatchResult, Hits, RayHits, WorldInfo
-from dbvt_client.transport import GrpcTransport, local_transport
+from dbvt_client.transport import Connection, GrpcTransport, local_transport
 from dbvt_proto.v1 import broadphase_pb2 as pb
 
 DEFAULT_MAX_WORLDS = 64
@@ -57,10 +57,15 @@ class Client:
     """A connection to dbvt-server (`Client("127.0.0.1:50051")`), or in-process (`Client.local()`).
 
     Use as a context manager, or call `close()`.
+
+    token: sent with every call, for a server started with --tokens (see `dbvt-server new-token`).
+    tls: True (trust the system's CAs), a CA bundle's path or PEM bytes, or `TLS(ca=, cert=, key=)`
+    for mutual TLS. Without tls a token is sent only to a loopback address or a Unix socket.
     """
 
-    def __init__(self, target: str, *, timeout: float | None = None, _transport=None):
-        self._transport = _transport or GrpcTransport(target, timeout)
+    def __init__(self, target: str, *, timeout: float | None = None, token: str | None = None, tls=None,
+                 _transport=None):
+        self._transport = _transport or GrpcTransport(Connection(target, timeout, token, tls))
         self._max_message_bytes: int | None = None
 
     @classmethod

@@ -59,6 +59,18 @@ class Internal(DbvtError):
     code = grpc.StatusCode.INTERNAL
 
 
+class Unauthenticated(DbvtError):
+    """The server needs a token and got none, or one it does not know."""
+
+    code = grpc.StatusCode.UNAUTHENTICATED
+
+
+class PermissionDenied(DbvtError):
+    """The token is known but lacks the right (read, write, admin) or the world."""
+
+    code = grpc.StatusCode.PERMISSION_DENIED
+
+
 class Unknown(DbvtError):
     code = grpc.StatusCode.UNKNOWN
 
@@ -66,7 +78,8 @@ class Unknown(DbvtError):
 ERROR_CLASSES: dict[grpc.StatusCode, type[DbvtError]] = {
     cls.code: cls
     for cls in (InvalidArgument, NotFound, AlreadyExists, ResourceExhausted, FailedPrecondition,
-                Unavailable, DeadlineExceeded, Cancelled, Unimplemented, Internal, Unknown)
+                Unavailable, DeadlineExceeded, Cancelled, Unimplemented, Internal, Unauthenticated,
+                PermissionDenied, Unknown)
 }
 _BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
 

@@ -10,6 +10,7 @@ from typing import Iterable, Iterator
 import grpc
 
 from dbvt_client.errors import from_rpc_error, from_stream_status
+from dbvt_client.security import call_metadata, open_channel, tls_settings
 from dbvt_proto.v1 import broadphase_pb2 as pb
 from dbvt_proto.v1 import broadphase_pb2_grpc as pb_grpc
 
@@ -48,21 +49,35 @@ def checked_target(target: str) -> str:
     return target
 
 
+class Connection:
+    """What every call of a Client carries: where, over what, with which token."""
+
+    def __init__(self, target: str, timeout: float | None, token: str | None, tls):
+        self.target = checked_target(target)
+        self.tls = tls_settings(tls)
+        self.metadata = call_metadata(token, self.target, self.tls)
+        self.timeout = timeout
+
+    def channel(self, grpc_module):
+        return open_channel(grpc_module, self.target, self.tls, CHANNEL_OPTIONS)
+
+
 class GrpcTransport:
-    def __init__(self, target: str, timeout: float | None):
-        self._channel = grpc.insecure_channel(checked_target(target), options=CHANNEL_OPTIONS)
+    def __init__(self, connection: Connection):
+        self._channel = connection.channel(grpc)
         self._stub = pb_grpc.BroadphaseServiceStub(self._channel)
-        self._timeout = timeout
+        self._timeout = connection.timeout
+        self._metadata = connection.metadata
 
     def unary(self, method: str, request):
         try:
-            return getattr(self._stub, method)(request, timeout=self._timeout)
+            return getattr(self._stub, method)(request, timeout=self._timeout, metadata=self._metadata)
         except grpc.RpcError as error:
             raise from_rpc_error(error) from None
 
     def stream(self, requests: Iterable[pb.StreamBatchesRequest]) -> Iterator[pb.StreamBatchesResponse]:
         try:
-            yield from self._stub.StreamBatches(iter(requests))
+            yield from self._stub.StreamBatches(iter(requests), metadata=self._metadata)
         except grpc.RpcError as error:
             raise from_stream_status(error.code(), error.details()) from None
 
