@@ -66,11 +66,16 @@ def server_command() -> list[str]:
 
 
 class ServerProcess:
-    """`dbvt-server` as a child process; `target` is known once its start-up line has been read."""
+    """`dbvt-server` as a child process; `target` is known once its start-up line has been read.
 
-    def __init__(self, *args: str, env: dict | None = None):
+    After that line a background thread goes on reading its output into `lines`, so that a test can
+    wait for a line the running server writes (`wait_for_line`).
+    """
+
+    def __init__(self, *args: str, env: dict | None = None, host: str | None = "127.0.0.1"):
+        """`host` None: the server's default."""
         self.process = subprocess.Popen(
-            [*server_command(), "--host", "127.0.0.1", "--port", "0", *args],
+            [*server_command(), *(["--host", host] if host else []), "--port", "0", *args],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})},
             cwd=NEUTRAL_DIR)
         self.lines: list[str] = []
@@ -84,6 +89,25 @@ class ServerProcess:
         if self.port is None:
             self.process.wait(10)
             raise RuntimeError("dbvt-server did not start:\n" + "".join(self.lines))
+        self._more = threading.Condition()
+        self._reader = threading.Thread(target=self._read_rest, daemon=True)
+        self._reader.start()
+
+    def _read_rest(self) -> None:
+        for line in self.process.stdout:
+            with self._more:
+                self.lines.append(line)
+                self._more.notify_all()
+
+    def wait_for_line(self, text: str, timeout: float = 30, nth: int = 1) -> str:
+        """The `nth` line containing `text`, written so far or within `timeout` seconds."""
+        def found():
+            return ([line for line in self.lines if text in line][nth - 1:] or [None])[0]
+
+        with self._more:
+            if not self._more.wait_for(found, timeout):
+                raise AssertionError(f"no line with {text!r} in {timeout} s:\n" + "".join(self.lines))
+            return found()
 
     @property
     def target(self) -> str:
@@ -95,14 +119,16 @@ class ServerProcess:
 
     def output(self) -> list[str]:
         """Every line written so far that has been read (all of them once the process has ended)."""
-        return "".join(self.lines).splitlines()
+        with self._more:
+            return "".join(self.lines).splitlines()
 
     def wait(self, timeout: float = 30) -> int:
-        rest, _ = self.process.communicate(timeout=timeout)
-        self.lines.append(rest)
+        self.process.wait(timeout)
+        self._reader.join(timeout)
         return self.process.returncode
 
     def kill(self) -> None:
         if self.process.poll() is None:
             self.process.kill()
-            self.process.communicate()
+            self.process.wait()
+        self._reader.join(30)

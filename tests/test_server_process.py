@@ -9,7 +9,8 @@ from dbvt_client import Client
 from servers import NEUTRAL_DIR, OWN_LINE, ServerProcess, server_command
 
 ENVIRONMENT = ["DBVT_HOST", "DBVT_PORT", "DBVT_MAX_MESSAGE_BYTES", "DBVT_MAX_WORLDS", "DBVT_MAX_PROXIES_PER_WORLD",
-               "DBVT_GRACE_SECONDS", "DBVT_LOG_LEVEL", "DBVT_WORKERS"]
+               "DBVT_GRACE_SECONDS", "DBVT_LOG_LEVEL", "DBVT_WORKERS", "DBVT_TLS_CERT", "DBVT_TLS_KEY",
+               "DBVT_TLS_CLIENT_CA", "DBVT_TOKENS", "DBVT_REFLECTION", "DBVT_HEALTH_PORT"]
 
 
 def test_help_documents_every_setting():
