@@ -12,15 +12,18 @@ SERVER_NAMES = ("127.0.0.1", "localhost")
 
 
 class Pki:
-    """A CA, a server certificate it signed and a client certificate it signed, as PEM files in `folder`."""
+    """A CA, a server certificate it signed and a client certificate it signed, as PEM files in `folder`:
+    ca.pem, server.pem, server-key.pem, client.pem, client-key.pem (each named `<name>-...` but the CA's
+    when a name is given)."""
 
-    def __init__(self, folder: pathlib.Path, name: str = "ca"):
+    def __init__(self, folder: pathlib.Path, name: str = ""):
         folder.mkdir(parents=True, exist_ok=True)
+        prefix = f"{name}-" if name else ""
         self.authority = trustme.CA()
-        self.ca = folder / f"{name}.pem"
+        self.ca = folder / f"{name or 'ca'}.pem"
         self.authority.cert_pem.write_to_path(str(self.ca))
-        self.cert, self.key = self._issue(folder, f"{name}-server", *SERVER_NAMES)
-        self.client_cert, self.client_key = self._issue(folder, f"{name}-client", "game-server@example.org")
+        self.cert, self.key = self._issue(folder, f"{prefix}server", *SERVER_NAMES)
+        self.client_cert, self.client_key = self._issue(folder, f"{prefix}client", "game-server@example.org")
 
     def _issue(self, folder: pathlib.Path, stem: str, *names: str) -> tuple[pathlib.Path, pathlib.Path]:
         issued = self.authority.issue_cert(*names)

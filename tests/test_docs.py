@@ -3,10 +3,13 @@
 What happens to a fenced block depends on its language tag:
 
 - ```python   run. A block that names "127.0.0.1:50051" runs against a real server (a ServerThread on a
-              free port, whose address is put in its place); any other block runs as written.
+              free port, whose address is put in its place); one that also passes `tls=` runs against
+              a server with mutual TLS and tokens, in a folder holding ca.pem, client.pem and
+              client-key.pem, with an admin token in $DBVT_TOKEN. Any other block runs as written.
 - ```sh       checked, not run. Each command line is cut at `&&`, `||`, `;` and `|`. Every `dbvt-server`
               command is parsed by the server's own argparse parser (`dbvt_server.config.parse`), with
-              any `NAME=value` prefixes as its environment, and nothing is started. Every
+              any `NAME=value` prefixes as its environment, and nothing is started (`dbvt-server
+              new-token` by its own parser). Every
               `dbvt-bench SUBCOMMAND ...` command must answer `dbvt-bench SUBCOMMAND --help` with exit
               status 0. Other commands (python3 -m venv, pip, pytest, docker) are not run.
 - ```console  shown only: neither run nor checked (docker, grpcurl, a command's output).
@@ -31,6 +34,8 @@ from pathlib import Path
 import pytest
 
 from dbvt_server import config
+from dbvt_server.__main__ import new_token_parser
+from security import Pki, TokenFile
 from servers import NEUTRAL_DIR, ServerThread
 
 REPO = Path(__file__).resolve().parents[1]
@@ -84,10 +89,13 @@ def test_every_block_is_run_checked_or_shown():
 
 # ---- python: run ------------------------------------------------------------------------------------
 
-def run_python(block: Block) -> dict:
+def run_python(block: Block, tmp_path: Path, monkeypatch) -> dict:
     code, server = block.code, None
-    if SERVER_ADDRESS in code:
+    if SERVER_ADDRESS in code and "tls=" in code:
+        server = secured_server(tmp_path, monkeypatch)
+    elif SERVER_ADDRESS in code:
         server = ServerThread()
+    if server is not None:
         code = code.replace(SERVER_ADDRESS, server.target)
     try:
         namespace: dict = {"__name__": "__docs__"}
@@ -97,6 +105,15 @@ def run_python(block: Block) -> dict:
     finally:
         if server is not None:
             server.stop()
+
+
+def secured_server(folder: Path, monkeypatch) -> ServerThread:
+    """A server with mutual TLS and tokens; the block runs in `folder`, beside the PEM files it names."""
+    pki = Pki(folder)
+    tokens = TokenFile(folder / "tokens", ("ops", "admin", "*"))
+    monkeypatch.chdir(folder)
+    monkeypatch.setenv("DBVT_TOKEN", tokens.secret["ops"])
+    return ServerThread(**pki.server_settings(mutual=True), tokens=str(tokens.path))
 
 
 def _readme_sdk(ns: dict) -> None:
@@ -127,8 +144,8 @@ def checks_for(block: Block) -> list:
 
 
 @pytest.mark.parametrize("block", of_tag(RUN), ids=lambda block: block.where)
-def test_python_block_runs(block):
-    namespace = run_python(block)
+def test_python_block_runs(block, tmp_path, monkeypatch):
+    namespace = run_python(block, tmp_path, monkeypatch)
     for check in checks_for(block):
         check(namespace)
 
@@ -188,7 +205,10 @@ def test_dbvt_server_command_parses(item):
     complaint = io.StringIO()
     try:
         with contextlib.redirect_stderr(complaint), contextlib.redirect_stdout(io.StringIO()):
-            config.parse(args, environ=environment)
+            if args[:1] == ["new-token"]:
+                new_token_parser().parse_args(args[1:])
+            else:
+                config.parse(args, environ=environment)
     except SystemExit as exit:      # --help and --version exit 0; a refused argument exits 2
         assert exit.code == 0, f"{_ids(item)}: {complaint.getvalue()}"
 

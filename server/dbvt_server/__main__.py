@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def print_new_token(argv: list[str]) -> int:
+def new_token_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dbvt-server new-token",
         description="Print a fresh random token, once, and the line that grants it in the token file "
@@ -46,6 +46,11 @@ def print_new_token(argv: list[str]) -> int:
                                                     "admin: also creating and deleting worlds")
     parser.add_argument("worlds", help="glob of the world names it may touch, such as 'arena-*' or '*' "
                                        "(quote it for the shell)")
+    return parser
+
+
+def print_new_token(argv: list[str]) -> int:
+    parser = new_token_parser()
     args = parser.parse_args(argv)
     try:
         secret, line = new_token(args.name, args.role, args.worlds)
