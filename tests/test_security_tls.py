@@ -1,11 +1,13 @@
 """TLS and mutual TLS with real handshakes: who can connect, with what; the plaintext health port."""
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from dbvt_client import TLS, Client, Unauthenticated, Unavailable, Unimplemented
+from dbvt_client import TLS, AsyncClient, Client, PermissionDenied, Unauthenticated, Unavailable, Unimplemented
 from dbvt_client.security import is_local
 from dbvt_server.tls import TlsFileError
 from security import Pki, TokenFile
@@ -134,3 +136,28 @@ def test_a_token_goes_in_the_clear_only_to_this_machine():
         Client(target, token="secret").close()
     for target in ("example.org:1", "10.1.2.3:1", "ipv4:127.0.0.1:1,10.0.0.1:1", "dns:///example.org:1"):
         assert not is_local(target), target
+
+
+def test_the_async_client_takes_tls_and_a_token(pki, tmp_path):
+    tokens = TokenFile(tmp_path / "tokens", ("ops", "admin", "*"), ("viewer", "read", "arena-*"))
+    server = ServerThread(**pki.server_settings(mutual=True), tokens=str(tokens.path))
+    tls = TLS(ca=pki.ca.read_bytes(), cert=pki.client_cert.read_bytes(), key=pki.client_key.read_bytes())
+
+    async def drive():
+        async with AsyncClient(server.target, tls=tls, token=tokens.secret["ops"]) as admin:
+            for name in ("arena-1", "lobby"):
+                await admin.create_world(name)
+            async with admin.world("arena-1").stream() as stream:
+                assert (await stream.apply(create=([1, 2], [[0, 0, 0, 1, 1, 1]] * 2))).begun.tolist() == [[1, 2]]
+        async with AsyncClient(server.target, tls=tls, token=tokens.secret["viewer"]) as viewer:
+            assert await viewer.list_worlds() == ["arena-1"]
+            with pytest.raises(PermissionDenied):
+                await viewer.world("arena-1").apply(destroy=[1])
+        async with AsyncClient(server.target, tls=tls) as stranger:
+            with pytest.raises(Unauthenticated):
+                await stranger.list_worlds()
+
+    try:
+        asyncio.run(drive())
+    finally:
+        server.stop()
