@@ -191,7 +191,7 @@ def test_raw_protocol_errors(server):
         stub = pb_grpc.BroadphaseServiceStub(channel)
         stub.CreateWorld(pb.CreateWorldRequest(name="raw"))
         with pytest.raises(grpc.RpcError) as caught:
-            stub.ApplyBatch(pb.ApplyBatchRequest(world="raw", batch=pb.Batch(create_ids=b"1234567")))
+            list(stub.ApplyBatch(pb.ApplyBatchRequest(world="raw", batch=pb.Batch(create_ids=b"1234567"))))
         assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "create_ids has 7 bytes, not a whole number of uint64 ids" in caught.value.details()
         with pytest.raises(grpc.RpcError) as caught:

@@ -7,13 +7,14 @@ import itertools
 
 import grpc
 
-from dbvt_client import batches, queries
+from dbvt_client import batches, parts, queries
 from dbvt_client.client import (DEFAULT_MAX_PROXIES_PER_WORLD, DEFAULT_MAX_WORLDS, create_request, stats_dict,
                                 world_info)
 from dbvt_client.errors import (DbvtError, Unavailable, from_exception, from_rpc_error, from_status_number,
                                 from_stream_status)
 from dbvt_client.results import BatchResult, Hits, RayHits, WorldInfo
-from dbvt_client.transport import Connection, local_transport
+from dbvt_client.transport import (ANSWERED_IN_PARTS, QUERY_FIELDS, Connection, answer_too_big, local_transport,
+                                   query_answer, query_set)
 from dbvt_proto.v1 import broadphase_pb2 as pb
 from dbvt_proto.v1 import broadphase_pb2_grpc as pb_grpc
 
@@ -51,7 +52,24 @@ class _AsyncGrpcTransport:
 
     async def unary(self, method: str, request):
         try:
-            return await getattr(self._stub, method)(request, timeout=self._timeout, metadata=self._metadata)
+            call = getattr(self._stub, method)(request, timeout=self._timeout, metadata=self._metadata)
+            return parts.joined([part async for part in call]) if method in ANSWERED_IN_PARTS else await call
+        except grpc.RpcError as error:
+            raise from_rpc_error(error) from None
+
+    async def query(self, method: str, requests: list):
+        """See `GrpcTransport.query`."""
+        if method not in QUERY_FIELDS:
+            return await self.unary(method, requests[0])
+        if len(requests) == 1:
+            try:
+                return await getattr(self._stub, method)(requests[0], timeout=self._timeout, metadata=self._metadata)
+            except grpc.RpcError as error:
+                if not answer_too_big(error):
+                    raise from_rpc_error(error) from None
+        try:
+            call = self._stub.Query(query_set(method, requests), timeout=self._timeout, metadata=self._metadata)
+            return query_answer(method, [answer async for answer in call])
         except grpc.RpcError as error:
             raise from_rpc_error(error) from None
 
@@ -112,12 +130,7 @@ class AsyncClient:
         await self._transport.unary("DeleteWorld", pb.DeleteWorldRequest(name=name))
 
     async def _run(self, plan: queries.Plan):
-        for _ in range(queries.CONSISTENCY_ATTEMPTS):
-            try:
-                return plan.finish([await self._transport.unary(plan.method, request) for request in plan.requests])
-            except queries.TickChanged:
-                continue
-        raise Unavailable(f"{plan.method}: the world kept changing between the parts of a split query")
+        return plan.finish(await self._transport.query(plan.method, plan.requests))
 
 
 class AsyncWorld:
@@ -221,8 +234,11 @@ class AsyncBatchStream:
 
     async def _read(self) -> None:
         failure: DbvtError = Unavailable("the batch stream ended before answering")
+        answers = parts.StreamAnswers()
         try:
             while (response := await self._call.read()) is not None:
+                if (response := answers.whole(response)) is None:
+                    continue
                 future = self._pending.popleft()
                 if response.status_code:
                     future.set_exception(from_status_number(response.status_code, response.status_message))

@@ -10,7 +10,7 @@ from concurrent.futures import Future
 
 import numpy as np
 
-from dbvt_client import batches, queries
+from dbvt_client import batches, parts, queries
 from dbvt_client.errors import DbvtError, InvalidArgument, Unavailable, from_exception, from_status_number
 from dbvt_client.results import BatchResult, Hits, RayHits, WorldInfo
 from dbvt_client.transport import Connection, GrpcTransport, local_transport
@@ -118,12 +118,7 @@ class Client:
         self._transport.unary("DeleteWorld", pb.DeleteWorldRequest(name=name))
 
     def _run(self, plan: queries.Plan):
-        for _ in range(queries.CONSISTENCY_ATTEMPTS):
-            try:
-                return plan.finish([self._transport.unary(plan.method, request) for request in plan.requests])
-            except queries.TickChanged:
-                continue
-        raise Unavailable(f"{plan.method}: the world kept changing between the parts of a split query")
+        return plan.finish(self._transport.query(plan.method, plan.requests))
 
 
 class World:
@@ -238,8 +233,11 @@ class BatchStream:
 
     def _read(self, responses) -> None:
         failure: DbvtError = Unavailable("the batch stream ended before answering")
+        answers = parts.StreamAnswers()
         try:
             for response in responses:
+                if (response := answers.whole(response)) is None:
+                    continue
                 future = self._pending.popleft()
                 if response.status_code:
                     future.set_exception(from_status_number(response.status_code, response.status_message))

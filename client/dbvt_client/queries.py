@@ -1,8 +1,7 @@
 """Query requests and the decoding of their answers, shared by `Client` and `AsyncClient`.
 
-A query set too big for one message is sent as several requests of whole queries; their answers are
-stitched back into one CSR result, and only accepted if every part reflects the same tick (the
-client retries otherwise), so a split query is as consistent as a single one.
+A query set too big for one message is cut into parts of whole queries; the transport sends them
+as one query set (the server answers it at one tick) and hands back the one answer.
 """
 from __future__ import annotations
 
@@ -17,19 +16,13 @@ from dbvt_client.errors import InvalidArgument
 from dbvt_client.results import Hits, RayHits
 from dbvt_proto.v1 import broadphase_pb2 as pb
 
-# How often a split query is re-sent when a batch landed between its parts.
-CONSISTENCY_ATTEMPTS = 8
-
-
-class TickChanged(Exception):
-    """The parts of a split query saw different ticks."""
-
-
 @dataclass
 class Plan:
     method: str
+    # The query set's parts, each fitting in a message.
     requests: list
-    finish: Callable[[list], object]
+    # The result, from the set's one answer.
+    finish: Callable[[object], object]
 
 
 def _ranges(count: int, row_bytes: int, max_message_bytes: int) -> list[tuple[int, int]]:
@@ -47,27 +40,9 @@ def _common(world: str, mask) -> dict:
     return fields
 
 
-def _single_tick(responses) -> int:
-    ticks = {response.tick for response in responses}
-    if len(ticks) != 1:
-        raise TickChanged()
-    return ticks.pop()
-
-
-def _stitch(responses, counts) -> tuple[np.ndarray, np.ndarray]:
-    offsets, hits, base = [np.zeros(1, np.int64)], [], 0
-    for response, count in zip(responses, counts):
-        part_offsets, part_hits = wire.decode_csr(response.offsets, response.hits, count)
-        offsets.append(part_offsets[1:] + base)
-        hits.append(part_hits)
-        base += len(part_hits)
-    return np.concatenate(offsets), np.concatenate(hits) if hits else np.zeros(0, np.uint64)
-
-
-def _csr_plan(method: str, requests: list, counts: list[int]) -> Plan:
-    def finish(responses):
-        tick = _single_tick(responses)
-        return Hits(*_stitch(responses, counts), tick=tick)
+def _csr_plan(method: str, requests: list, count: int) -> Plan:
+    def finish(response):
+        return Hits(*wire.decode_csr(response.offsets, response.hits, count), tick=response.tick)
 
     return Plan(method, requests, finish)
 
@@ -77,7 +52,7 @@ def aabb(world: str, boxes, mask, max_message_bytes: int) -> Plan:
     base = _common(world, mask)
     ranges = _ranges(len(arr), arr[:1].nbytes, max_message_bytes)
     requests = [pb.QueryAabbRequest(count=b - a, boxes=arr[a:b].tobytes(), **base) for a, b in ranges]
-    return _csr_plan("QueryAabb", requests, [b - a for a, b in ranges])
+    return _csr_plan("QueryAabb", requests, len(arr))
 
 
 def sphere(world: str, centers, radii, mask, max_message_bytes: int) -> Plan:
@@ -92,7 +67,7 @@ def sphere(world: str, centers, radii, mask, max_message_bytes: int) -> Plan:
     ranges = _ranges(len(arr), arr[:1].nbytes + 4, max_message_bytes)
     requests = [pb.QuerySphereRequest(count=b - a, centers=arr[a:b].tobytes(), radii=radii_arr[a:b].tobytes(), **base)
                 for a, b in ranges]
-    return _csr_plan("QuerySphere", requests, [b - a for a, b in ranges])
+    return _csr_plan("QuerySphere", requests, len(arr))
 
 
 def frustum(world: str, planes, mask, max_message_bytes: int) -> Plan:
@@ -101,7 +76,7 @@ def frustum(world: str, planes, mask, max_message_bytes: int) -> Plan:
     ranges = _ranges(len(arr), arr[:1].nbytes, max_message_bytes)
     requests = [pb.QueryFrustumRequest(count=b - a, planes_per_query=arr.shape[1], planes=arr[a:b].tobytes(), **base)
                 for a, b in ranges]
-    return _csr_plan("QueryFrustum", requests, [b - a for a, b in ranges])
+    return _csr_plan("QueryFrustum", requests, len(arr))
 
 
 def raycast(world: str, segments, first_hit: bool, mask, max_message_bytes: int) -> Plan:
@@ -110,19 +85,16 @@ def raycast(world: str, segments, first_hit: bool, mask, max_message_bytes: int)
     base = _common(world, mask)
     ranges = _ranges(len(arr), arr[:1].nbytes, max_message_bytes)
     requests = [pb.RaycastRequest(count=b - a, segments=arr[a:b].tobytes(), mode=mode, **base) for a, b in ranges]
-    counts = [b - a for a, b in ranges]
 
-    def finish(responses):
-        tick = _single_tick(responses)
-        offsets, hits = _stitch(responses, counts)
-        fractions = [np.frombuffer(response.fractions, wire.FRACTIONS) for response in responses]
-        return RayHits(offsets, hits, np.concatenate(fractions), tick=tick)
+    def finish(response):
+        offsets, hits = wire.decode_csr(response.offsets, response.hits, len(arr))
+        return RayHits(offsets, hits, np.frombuffer(response.fractions, wire.FRACTIONS), tick=response.tick)
 
     return Plan("Raycast", requests, finish)
 
 
 def pairs(world: str) -> Plan:
-    def finish(responses):
-        return wire.decode_rows(responses[0].pairs, wire.IDS, 2, "pairs").copy()
+    def finish(response):
+        return wire.decode_rows(response.pairs, wire.IDS, 2, "pairs").copy()
 
     return Plan("GetPairs", [pb.GetPairsRequest(world=world)], finish)

@@ -9,6 +9,7 @@ from typing import Iterable, Iterator
 
 import grpc
 
+from dbvt_client import parts
 from dbvt_client.errors import from_rpc_error, from_stream_status
 from dbvt_client.security import call_metadata, open_channel, tls_settings
 from dbvt_proto.v1 import broadphase_pb2 as pb
@@ -19,6 +20,26 @@ CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_mess
 # gRPC's name-resolver schemes whose addresses are paths or names, which take no port.
 PORTLESS_SCHEMES = ("unix", "unix-abstract", "vsock")
 HOST_AND_PORT = re.compile(r"(\[[^\]]*\]|[^:\[\]]+):\d+")
+# RPCs that answer with a stream of parts of one answer.
+ANSWERED_IN_PARTS = ("ApplyBatch", "GetPairs")
+# Each query RPC's field in a QueryRequest, for query sets sent with Query.
+QUERY_FIELDS = {"QueryAabb": "aabb", "QuerySphere": "sphere", "Raycast": "raycast", "QueryFrustum": "frustum"}
+
+
+def answer_too_big(error: grpc.RpcError) -> bool:
+    """Whether a query failed only because its answer needs more than one message."""
+    return error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and any(
+        key == parts.ANSWER_BYTES_KEY for key, _ in error.trailing_metadata() or ())
+
+
+def query_set(method: str, requests: list) -> Iterator[pb.QueryRequest]:
+    field = QUERY_FIELDS[method]
+    return (pb.QueryRequest(**{field: request}) for request in requests)
+
+
+def query_answer(method: str, answers: list[pb.QueryResponse]):
+    field = QUERY_FIELDS[method]
+    return parts.joined([getattr(answer, field) for answer in answers])
 
 
 def checked_target(target: str) -> str:
@@ -71,7 +92,25 @@ class GrpcTransport:
 
     def unary(self, method: str, request):
         try:
-            return getattr(self._stub, method)(request, timeout=self._timeout, metadata=self._metadata)
+            answer = getattr(self._stub, method)(request, timeout=self._timeout, metadata=self._metadata)
+            return parts.joined(list(answer)) if method in ANSWERED_IN_PARTS else answer
+        except grpc.RpcError as error:
+            raise from_rpc_error(error) from None
+
+    def query(self, method: str, requests: list):
+        """The answer to a query set at one tick: one call when the set and its answer each fit in a
+        message, else the set and the answer in parts on a Query stream."""
+        if method not in QUERY_FIELDS:
+            return self.unary(method, requests[0])
+        if len(requests) == 1:
+            try:
+                return getattr(self._stub, method)(requests[0], timeout=self._timeout, metadata=self._metadata)
+            except grpc.RpcError as error:
+                if not answer_too_big(error):
+                    raise from_rpc_error(error) from None
+        try:
+            answers = self._stub.Query(query_set(method, requests), timeout=self._timeout, metadata=self._metadata)
+            return query_answer(method, list(answers))
         except grpc.RpcError as error:
             raise from_rpc_error(error) from None
 

@@ -70,7 +70,7 @@ SETTINGS = [
     Setting("port", "DBVT_PORT", int, "TCP port; 0 picks a free one (the start-up log line names it)",
             lambda port: 0 <= port <= 65535, "must be between 0 and 65535"),
     Setting("max_message_bytes", "DBVT_MAX_MESSAGE_BYTES", int,
-            "largest request message accepted, in bytes; the SDK splits bigger batches and queries to fit",
+            "largest message received or sent, in bytes; bigger batches, query sets and answers go in parts",
             lambda size: 0 < size <= MAX_GRPC_MESSAGE, f"must be between 1 and {MAX_GRPC_MESSAGE} (gRPC's limit)"),
     Setting("max_worlds", "DBVT_MAX_WORLDS", int, "most worlds held at once", _positive, "must be positive"),
     Setting("max_proxies_per_world", "DBVT_MAX_PROXIES_PER_WORLD", int, "most proxies in one world",

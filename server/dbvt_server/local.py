@@ -1,6 +1,6 @@
 """The service in-process, for `Client.local()` and `AsyncClient.local()`: no server, no network.
 
-These transports speak the SDK's transport interface (`unary`, `stream`/`open_stream`, `close`) and
+These transports speak the SDK's transport interface (`unary`, `query`, `stream`/`open_stream`, `close`) and
 raise the SDK's error classes, so everything above them is the same code for local and remote worlds.
 The SDK imports this module only when `local()` is called, so it installs without the server.
 """
@@ -10,6 +10,7 @@ import asyncio
 import threading
 from typing import Iterable, Iterator
 
+from dbvt_client import parts
 from dbvt_client.errors import from_exception
 from dbvt_proto.v1 import broadphase_pb2 as pb
 from dbvt_server.service import Limits, Service
@@ -32,6 +33,14 @@ class LocalTransport:
                 return self.service.call(method, request)
             except Exception as exc:
                 raise from_exception(exc) from None
+
+    def query(self, method: str, requests: list):
+        """A query set in parts, as the server does with Query: joined, then answered at once."""
+        try:
+            request = parts.joined_queries(requests) if len(requests) > 1 else requests[0]
+        except Exception as exc:
+            raise from_exception(exc) from None
+        return self.unary(method, request)
 
     def stream(self, requests: Iterable[pb.StreamBatchesRequest]) -> Iterator[pb.StreamBatchesResponse]:
         staging = self.staging()
@@ -87,6 +96,9 @@ class AsyncLocalTransport:
 
     async def unary(self, method: str, request):
         return await asyncio.to_thread(self._local.unary, method, request)
+
+    async def query(self, method: str, requests: list):
+        return await asyncio.to_thread(self._local.query, method, requests)
 
     def open_stream(self) -> _LocalStream:
         return _LocalStream(self._local)

@@ -17,14 +17,15 @@ from concurrent.futures import Executor
 import grpc
 from google.protobuf.message import DecodeError
 
-from dbvt_client.errors import DbvtError, InvalidArgument
+from dbvt_client import parts
+from dbvt_client.errors import DbvtError, InvalidArgument, ResourceExhausted
 from dbvt_proto.v1 import broadphase_pb2 as pb
 from dbvt_proto.v1 import broadphase_pb2_grpc as pb_grpc
 from dbvt_server import access
 from dbvt_server.logs import Rejections, shown
 from dbvt_server.memory import give_back
 from dbvt_server.service import Service
-from dbvt_server.staging import BatchStaging, stream_error
+from dbvt_server.staging import STAGED_BYTES_PER_PROXY, BatchStaging, stream_error
 from dbvt_server.world_queue import WorldQueue
 from dbvt_server.worlds import WORLD_RPCS, World
 
@@ -33,6 +34,8 @@ log = logging.getLogger("dbvt_server")
 # The right each world RPC needs on its world (a token's role grants read, write or admin).
 RIGHTS = {"GetWorldStats": "read", "QueryAabb": "read", "QuerySphere": "read", "Raycast": "read",
           "QueryFrustum": "read", "GetPairs": "read", "ApplyBatch": "write", "StreamBatches": "write"}
+# The query RPCs, by the name of their field in a QueryRequest part.
+QUERY_KINDS = {"aabb": "QueryAabb", "sphere": "QuerySphere", "raycast": "Raycast", "frustum": "QueryFrustum"}
 
 
 def _timed(function):
@@ -71,6 +74,10 @@ class BroadphaseServicer(pb_grpc.BroadphaseServiceServicer):
             function = _timed(function)
         return asyncio.wrap_future(queue.submit(function, world, request))
 
+    @property
+    def _max_message_bytes(self) -> int:
+        return self._service.limits.max_message_bytes
+
     async def _world_rpc(self, method: str, request, context):
         try:
             _decoded(request)
@@ -78,6 +85,23 @@ class BroadphaseServicer(pb_grpc.BroadphaseServiceServicer):
             return await self._start(self._service.world(request.world), WORLD_RPCS[method], request)
         except Exception as exc:
             await self._abort(context, method, request, exc)
+
+    async def _query_rpc(self, method: str, request, context):
+        """A query whose answer goes in one message, or a RESOURCE_EXHAUSTED that says to use Query."""
+        response = await self._world_rpc(method, request, context)
+        size = response.ByteSize()
+        if size > self._max_message_bytes:
+            error = ResourceExhausted(f"the answer of {size} bytes exceeds the server's {self._max_message_bytes}-byte "
+                                      "messages: ask it with Query, which sends it in parts (the SDK does)")
+            # Not logged: the SDK asks again with Query, as the protocol says to.
+            await context.abort(error.code, error.message, trailing_metadata=((parts.ANSWER_BYTES_KEY, str(size)),))
+        return response
+
+    async def _answer_in_parts(self, method: str, request, context, wrapper_bytes: int = 0):
+        """The answer, cut so that each part, inside a message of `wrapper_bytes` more, fits the limit."""
+        response = await self._world_rpc(method, request, context)
+        for part in parts.cut(response, self._max_message_bytes - wrapper_bytes):
+            yield part
 
     async def _registry_rpc(self, method: str, function, request, context):
         try:
@@ -148,22 +172,57 @@ class BroadphaseServicer(pb_grpc.BroadphaseServiceServicer):
         return await self._world_rpc("GetWorldStats", request, context)
 
     async def ApplyBatch(self, request, context):
-        return await self._world_rpc("ApplyBatch", request, context)
+        async for part in self._answer_in_parts("ApplyBatch", request, context):
+            yield part
 
     async def QueryAabb(self, request, context):
-        return await self._world_rpc("QueryAabb", request, context)
+        return await self._query_rpc("QueryAabb", request, context)
 
     async def QuerySphere(self, request, context):
-        return await self._world_rpc("QuerySphere", request, context)
+        return await self._query_rpc("QuerySphere", request, context)
 
     async def Raycast(self, request, context):
-        return await self._world_rpc("Raycast", request, context)
+        return await self._query_rpc("Raycast", request, context)
 
     async def QueryFrustum(self, request, context):
-        return await self._world_rpc("QueryFrustum", request, context)
+        return await self._query_rpc("QueryFrustum", request, context)
 
     async def GetPairs(self, request, context):
-        return await self._world_rpc("GetPairs", request, context)
+        async for part in self._answer_in_parts("GetPairs", request, context):
+            yield part
+
+    async def Query(self, request_iterator, context):
+        """The parts of a query set, joined, answered at one tick as one operation on the world, in parts."""
+        kind = None
+        try:
+            kind, request = await self._query_set(request_iterator)
+        except Exception as exc:
+            await self._abort(context, QUERY_KINDS.get(kind, "Query"), None, exc)
+        async for part in self._answer_in_parts(QUERY_KINDS[kind], request, context, parts.PART_OVERHEAD):
+            yield pb.QueryResponse(**{kind: part})
+
+    async def _query_set(self, request_iterator) -> tuple[str, object]:
+        """The query kind and the one request its parts make. A set is bounded as a staged batch is."""
+        kind, pieces, held = None, [], 0
+        async for request in request_iterator:
+            _decoded(request)
+            part_kind = request.WhichOneof("query")
+            if part_kind is None or (kind is not None and part_kind != kind):
+                raise InvalidArgument(f"part {len(pieces)} of the query set holds {part_kind or 'no query'}, "
+                                      f"not {kind or 'a query'}; every part must hold the same kind")
+            kind = part_kind
+            pieces.append(getattr(request, kind))
+            held += request.ByteSize()
+            if held > self._staging_bytes:
+                raise ResourceExhausted(f"a query set of more than {self._staging_bytes} bytes cannot be held "
+                                        "(as a batch of a world of the server's limit of proxies could need)")
+        if not pieces:
+            raise InvalidArgument("the query set has no parts")
+        return kind, parts.joined_queries(pieces)
+
+    @property
+    def _staging_bytes(self) -> int:
+        return STAGED_BYTES_PER_PROXY * self._service.limits.max_proxies_per_world
 
     async def StreamBatches(self, request_iterator, context):
         """Answers in order of arrival, while the next batches are already being read and started.
@@ -185,7 +244,8 @@ class BroadphaseServicer(pb_grpc.BroadphaseServiceServicer):
                 except Exception as exc:
                     yield stream_error(sequence, self._rejections.log("StreamBatches", world, exc))
                 else:
-                    yield pb.StreamBatchesResponse(sequence=sequence, result=result)
+                    for response in _stream_parts(sequence, result, self._max_message_bytes):
+                        yield response
                 window.release()
             try:
                 await reader
@@ -232,6 +292,12 @@ def _by_whom() -> str:
 STREAM_READ_AHEAD = 4
 
 
+def _stream_parts(sequence: int, result: pb.BatchResult, max_bytes: int):
+    pieces = list(parts.cut(result, max_bytes - parts.PART_OVERHEAD))
+    for number, piece in enumerate(pieces, 1):
+        yield pb.StreamBatchesResponse(sequence=sequence, result=piece, more_parts=number < len(pieces))
+
+
 def _failed(exc: Exception) -> asyncio.Future:
     failed = asyncio.get_running_loop().create_future()
     failed.set_exception(exc)
@@ -272,20 +338,12 @@ def _tolerant(message_class):
     return deserialize
 
 
-_HANDLERS = {
-    (False, False): grpc.unary_unary_rpc_method_handler,
-    (False, True): grpc.unary_stream_rpc_method_handler,
-    (True, False): grpc.stream_unary_rpc_method_handler,
-    (True, True): grpc.stream_stream_rpc_method_handler,
-}
-
-
 def add_to_server(servicer: BroadphaseServicer, server: grpc.aio.Server) -> None:
     """What the generated add_BroadphaseServiceServicer_to_server does, with requests decoded by
     `_tolerant` deserializers."""
     service = pb.DESCRIPTOR.services_by_name["BroadphaseService"]
     handlers = {
-        method.name: _HANDLERS[method.client_streaming, method.server_streaming](
+        method.name: access.HANDLER_MAKERS[method.client_streaming, method.server_streaming](
             getattr(servicer, method.name),
             request_deserializer=_tolerant(getattr(pb, method.input_type.name)),
             response_serializer=getattr(pb, method.output_type.name).SerializeToString)

@@ -17,6 +17,11 @@ per batch (never one per proxy):
   fractions  float64 <f8, one per hit
   pairs      uint64 <u8, rows (a, b) with a < b, sorted
 Every interval is closed, and every result is exact on the proxies' tight boxes.
+
+No message the server sends is larger than its max_message_bytes. An answer that would be is sent
+as several messages of the same type ("parts"): the same fields but the bytes columns, which are
+cut into consecutive pieces. Concatenating each bytes column over the parts, in order, gives the
+whole answer; every part carries the same tick.
 """
 
 from collections import abc as _abc
@@ -535,10 +540,13 @@ class StreamBatchesResponse(_message.Message):
     RESULT_FIELD_NUMBER: _builtins.int
     STATUS_CODE_FIELD_NUMBER: _builtins.int
     STATUS_MESSAGE_FIELD_NUMBER: _builtins.int
+    MORE_PARTS_FIELD_NUMBER: _builtins.int
     sequence: _builtins.int
     status_code: _builtins.int
     """A google.rpc.Code, 0 (OK) when the batch was applied; otherwise nothing of it was applied."""
     status_message: _builtins.str
+    more_parts: _builtins.bool
+    """More parts of this answer follow (same sequence): join their result's bytes columns."""
     @_builtins.property
     def result(self) -> Global___BatchResult:
         """Set when the batch was applied."""
@@ -550,10 +558,11 @@ class StreamBatchesResponse(_message.Message):
         result: Global___BatchResult | None = ...,
         status_code: _builtins.int = ...,
         status_message: _builtins.str = ...,
+        more_parts: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["result", b"result"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["result", b"result", "sequence", b"sequence", "status_code", b"status_code", "status_message", b"status_message"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["more_parts", b"more_parts", "result", b"result", "sequence", b"sequence", "status_code", b"status_code", "status_message", b"status_message"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -796,6 +805,78 @@ class QueryFrustumResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___QueryFrustumResponse: _TypeAlias = QueryFrustumResponse  # noqa: Y015
+
+@_typing.final
+class QueryRequest(_message.Message):
+    """One part of a query set: every part of one Query call holds the same kind."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AABB_FIELD_NUMBER: _builtins.int
+    SPHERE_FIELD_NUMBER: _builtins.int
+    RAYCAST_FIELD_NUMBER: _builtins.int
+    FRUSTUM_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def aabb(self) -> Global___QueryAabbRequest: ...
+    @_builtins.property
+    def sphere(self) -> Global___QuerySphereRequest: ...
+    @_builtins.property
+    def raycast(self) -> Global___RaycastRequest: ...
+    @_builtins.property
+    def frustum(self) -> Global___QueryFrustumRequest: ...
+    def __init__(
+        self,
+        *,
+        aabb: Global___QueryAabbRequest | None = ...,
+        sphere: Global___QuerySphereRequest | None = ...,
+        raycast: Global___RaycastRequest | None = ...,
+        frustum: Global___QueryFrustumRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["aabb", b"aabb", "frustum", b"frustum", "query", b"query", "raycast", b"raycast", "sphere", b"sphere"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["aabb", b"aabb", "frustum", b"frustum", "query", b"query", "raycast", b"raycast", "sphere", b"sphere"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_query: _TypeAlias = _typing.Literal["aabb", "sphere", "raycast", "frustum"]  # noqa: Y015
+    _WhichOneofArgType_query: _TypeAlias = _typing.Literal["query", b"query"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_query) -> _WhichOneofReturnType_query | None: ...
+
+Global___QueryRequest: _TypeAlias = QueryRequest  # noqa: Y015
+
+@_typing.final
+class QueryResponse(_message.Message):
+    """One part of the answer to a Query call, of the kind asked."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AABB_FIELD_NUMBER: _builtins.int
+    SPHERE_FIELD_NUMBER: _builtins.int
+    RAYCAST_FIELD_NUMBER: _builtins.int
+    FRUSTUM_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def aabb(self) -> Global___QueryAabbResponse: ...
+    @_builtins.property
+    def sphere(self) -> Global___QuerySphereResponse: ...
+    @_builtins.property
+    def raycast(self) -> Global___RaycastResponse: ...
+    @_builtins.property
+    def frustum(self) -> Global___QueryFrustumResponse: ...
+    def __init__(
+        self,
+        *,
+        aabb: Global___QueryAabbResponse | None = ...,
+        sphere: Global___QuerySphereResponse | None = ...,
+        raycast: Global___RaycastResponse | None = ...,
+        frustum: Global___QueryFrustumResponse | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["aabb", b"aabb", "answer", b"answer", "frustum", b"frustum", "raycast", b"raycast", "sphere", b"sphere"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["aabb", b"aabb", "answer", b"answer", "frustum", b"frustum", "raycast", b"raycast", "sphere", b"sphere"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_answer: _TypeAlias = _typing.Literal["aabb", "sphere", "raycast", "frustum"]  # noqa: Y015
+    _WhichOneofArgType_answer: _TypeAlias = _typing.Literal["answer", b"answer"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_answer) -> _WhichOneofReturnType_answer | None: ...
+
+Global___QueryResponse: _TypeAlias = QueryResponse  # noqa: Y015
 
 @_typing.final
 class GetPairsRequest(_message.Message):

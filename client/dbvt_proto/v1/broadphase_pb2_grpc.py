@@ -60,7 +60,7 @@ class BroadphaseServiceStub:
                 request_serializer=dbvt__proto_dot_v1_dot_broadphase__pb2.GetWorldStatsRequest.SerializeToString,
                 response_deserializer=dbvt__proto_dot_v1_dot_broadphase__pb2.GetWorldStatsResponse.FromString,
                 _registered_method=True)
-        self.ApplyBatch = channel.unary_unary(
+        self.ApplyBatch = channel.unary_stream(
                 '/dbvt.v1.BroadphaseService/ApplyBatch',
                 request_serializer=dbvt__proto_dot_v1_dot_broadphase__pb2.ApplyBatchRequest.SerializeToString,
                 response_deserializer=dbvt__proto_dot_v1_dot_broadphase__pb2.ApplyBatchResponse.FromString,
@@ -90,7 +90,12 @@ class BroadphaseServiceStub:
                 request_serializer=dbvt__proto_dot_v1_dot_broadphase__pb2.QueryFrustumRequest.SerializeToString,
                 response_deserializer=dbvt__proto_dot_v1_dot_broadphase__pb2.QueryFrustumResponse.FromString,
                 _registered_method=True)
-        self.GetPairs = channel.unary_unary(
+        self.Query = channel.stream_stream(
+                '/dbvt.v1.BroadphaseService/Query',
+                request_serializer=dbvt__proto_dot_v1_dot_broadphase__pb2.QueryRequest.SerializeToString,
+                response_deserializer=dbvt__proto_dot_v1_dot_broadphase__pb2.QueryResponse.FromString,
+                _registered_method=True)
+        self.GetPairs = channel.unary_stream(
                 '/dbvt.v1.BroadphaseService/GetPairs',
                 request_serializer=dbvt__proto_dot_v1_dot_broadphase__pb2.GetPairsRequest.SerializeToString,
                 response_deserializer=dbvt__proto_dot_v1_dot_broadphase__pb2.GetPairsResponse.FromString,
@@ -133,7 +138,7 @@ class BroadphaseServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ApplyBatch(self, request, context):
-        """One batch, applied atomically as one tick.
+        """One batch, applied atomically as one tick; its answer in one or more parts.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -144,13 +149,16 @@ class BroadphaseServiceServicer:
         with its status in the response and the stream goes on. A batch too big for one message is sent
         as consecutive parts with the same sequence number, all but the last with more_parts set: the
         server stages the parts and applies them together, atomically, when the last part arrives.
+        An answer too big for one message comes in parts, all but the last with more_parts set.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def QueryAabb(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """A query set in one message, answered in one message. An answer too big for one fails with
+        RESOURCE_EXHAUSTED and trailing metadata dbvt-answer-bytes (its size): ask it again with Query.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -173,8 +181,18 @@ class BroadphaseServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Query(self, request_iterator, context):
+        """A query set of any size, answered at one tick, the answer of any size: the client sends the set
+        as one or more parts (consecutive queries of one kind, world and mask) and closes its side; the
+        server answers them all at one tick, in one or more parts.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetPairs(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Every current pair, in one or more parts.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -207,7 +225,7 @@ def add_BroadphaseServiceServicer_to_server(servicer, server):
                     request_deserializer=dbvt__proto_dot_v1_dot_broadphase__pb2.GetWorldStatsRequest.FromString,
                     response_serializer=dbvt__proto_dot_v1_dot_broadphase__pb2.GetWorldStatsResponse.SerializeToString,
             ),
-            'ApplyBatch': grpc.unary_unary_rpc_method_handler(
+            'ApplyBatch': grpc.unary_stream_rpc_method_handler(
                     servicer.ApplyBatch,
                     request_deserializer=dbvt__proto_dot_v1_dot_broadphase__pb2.ApplyBatchRequest.FromString,
                     response_serializer=dbvt__proto_dot_v1_dot_broadphase__pb2.ApplyBatchResponse.SerializeToString,
@@ -237,7 +255,12 @@ def add_BroadphaseServiceServicer_to_server(servicer, server):
                     request_deserializer=dbvt__proto_dot_v1_dot_broadphase__pb2.QueryFrustumRequest.FromString,
                     response_serializer=dbvt__proto_dot_v1_dot_broadphase__pb2.QueryFrustumResponse.SerializeToString,
             ),
-            'GetPairs': grpc.unary_unary_rpc_method_handler(
+            'Query': grpc.stream_stream_rpc_method_handler(
+                    servicer.Query,
+                    request_deserializer=dbvt__proto_dot_v1_dot_broadphase__pb2.QueryRequest.FromString,
+                    response_serializer=dbvt__proto_dot_v1_dot_broadphase__pb2.QueryResponse.SerializeToString,
+            ),
+            'GetPairs': grpc.unary_stream_rpc_method_handler(
                     servicer.GetPairs,
                     request_deserializer=dbvt__proto_dot_v1_dot_broadphase__pb2.GetPairsRequest.FromString,
                     response_serializer=dbvt__proto_dot_v1_dot_broadphase__pb2.GetPairsResponse.SerializeToString,
@@ -400,7 +423,7 @@ class BroadphaseService:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_unary(
+        return grpc.experimental.unary_stream(
             request,
             target,
             '/dbvt.v1.BroadphaseService/ApplyBatch',
@@ -552,6 +575,33 @@ class BroadphaseService:
             _registered_method=True)
 
     @staticmethod
+    def Query(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/dbvt.v1.BroadphaseService/Query',
+            dbvt__proto_dot_v1_dot_broadphase__pb2.QueryRequest.SerializeToString,
+            dbvt__proto_dot_v1_dot_broadphase__pb2.QueryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def GetPairs(request,
             target,
             options=(),
@@ -562,7 +612,7 @@ class BroadphaseService:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_unary(
+        return grpc.experimental.unary_stream(
             request,
             target,
             '/dbvt.v1.BroadphaseService/GetPairs',

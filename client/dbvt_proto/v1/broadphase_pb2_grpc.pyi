@@ -17,6 +17,11 @@ per batch (never one per proxy):
   fractions  float64 <f8, one per hit
   pairs      uint64 <u8, rows (a, b) with a < b, sorted
 Every interval is closed, and every result is exact on the proxies' tight boxes.
+
+No message the server sends is larger than its max_message_bytes. An answer that would be is sent
+as several messages of the same type ("parts"): the same fields but the bytes columns, which are
+cut into consecutive pieces. Concatenating each bytes column over the parts, in order, gives the
+whole answer; every part carries the same tick.
 """
 
 from collections import abc as _abc
@@ -55,19 +60,29 @@ class BroadphaseServiceStub:
     DeleteWorld: _grpc.UnaryUnaryMultiCallable[_broadphase_pb2.DeleteWorldRequest, _broadphase_pb2.DeleteWorldResponse]
     ListWorlds: _grpc.UnaryUnaryMultiCallable[_broadphase_pb2.ListWorldsRequest, _broadphase_pb2.ListWorldsResponse]
     GetWorldStats: _grpc.UnaryUnaryMultiCallable[_broadphase_pb2.GetWorldStatsRequest, _broadphase_pb2.GetWorldStatsResponse]
-    ApplyBatch: _grpc.UnaryUnaryMultiCallable[_broadphase_pb2.ApplyBatchRequest, _broadphase_pb2.ApplyBatchResponse]
-    """One batch, applied atomically as one tick."""
+    ApplyBatch: _grpc.UnaryStreamMultiCallable[_broadphase_pb2.ApplyBatchRequest, _broadphase_pb2.ApplyBatchResponse]
+    """One batch, applied atomically as one tick; its answer in one or more parts."""
     StreamBatches: _grpc.StreamStreamMultiCallable[_broadphase_pb2.StreamBatchesRequest, _broadphase_pb2.StreamBatchesResponse]
     """Batches pipelined on one stream, acknowledged in order of arrival. A rejected batch is answered
     with its status in the response and the stream goes on. A batch too big for one message is sent
     as consecutive parts with the same sequence number, all but the last with more_parts set: the
     server stages the parts and applies them together, atomically, when the last part arrives.
+    An answer too big for one message comes in parts, all but the last with more_parts set.
     """
     QueryAabb: _grpc.UnaryUnaryMultiCallable[_broadphase_pb2.QueryAabbRequest, _broadphase_pb2.QueryAabbResponse]
+    """A query set in one message, answered in one message. An answer too big for one fails with
+    RESOURCE_EXHAUSTED and trailing metadata dbvt-answer-bytes (its size): ask it again with Query.
+    """
     QuerySphere: _grpc.UnaryUnaryMultiCallable[_broadphase_pb2.QuerySphereRequest, _broadphase_pb2.QuerySphereResponse]
     Raycast: _grpc.UnaryUnaryMultiCallable[_broadphase_pb2.RaycastRequest, _broadphase_pb2.RaycastResponse]
     QueryFrustum: _grpc.UnaryUnaryMultiCallable[_broadphase_pb2.QueryFrustumRequest, _broadphase_pb2.QueryFrustumResponse]
-    GetPairs: _grpc.UnaryUnaryMultiCallable[_broadphase_pb2.GetPairsRequest, _broadphase_pb2.GetPairsResponse]
+    Query: _grpc.StreamStreamMultiCallable[_broadphase_pb2.QueryRequest, _broadphase_pb2.QueryResponse]
+    """A query set of any size, answered at one tick, the answer of any size: the client sends the set
+    as one or more parts (consecutive queries of one kind, world and mask) and closes its side; the
+    server answers them all at one tick, in one or more parts.
+    """
+    GetPairs: _grpc.UnaryStreamMultiCallable[_broadphase_pb2.GetPairsRequest, _broadphase_pb2.GetPairsResponse]
+    """Every current pair, in one or more parts."""
 
 @_typing.type_check_only
 class BroadphaseServiceAsyncStub(BroadphaseServiceStub):
@@ -80,19 +95,29 @@ class BroadphaseServiceAsyncStub(BroadphaseServiceStub):
     DeleteWorld: _aio.UnaryUnaryMultiCallable[_broadphase_pb2.DeleteWorldRequest, _broadphase_pb2.DeleteWorldResponse]  # type: ignore[assignment]
     ListWorlds: _aio.UnaryUnaryMultiCallable[_broadphase_pb2.ListWorldsRequest, _broadphase_pb2.ListWorldsResponse]  # type: ignore[assignment]
     GetWorldStats: _aio.UnaryUnaryMultiCallable[_broadphase_pb2.GetWorldStatsRequest, _broadphase_pb2.GetWorldStatsResponse]  # type: ignore[assignment]
-    ApplyBatch: _aio.UnaryUnaryMultiCallable[_broadphase_pb2.ApplyBatchRequest, _broadphase_pb2.ApplyBatchResponse]  # type: ignore[assignment]
-    """One batch, applied atomically as one tick."""
+    ApplyBatch: _aio.UnaryStreamMultiCallable[_broadphase_pb2.ApplyBatchRequest, _broadphase_pb2.ApplyBatchResponse]  # type: ignore[assignment]
+    """One batch, applied atomically as one tick; its answer in one or more parts."""
     StreamBatches: _aio.StreamStreamMultiCallable[_broadphase_pb2.StreamBatchesRequest, _broadphase_pb2.StreamBatchesResponse]  # type: ignore[assignment]
     """Batches pipelined on one stream, acknowledged in order of arrival. A rejected batch is answered
     with its status in the response and the stream goes on. A batch too big for one message is sent
     as consecutive parts with the same sequence number, all but the last with more_parts set: the
     server stages the parts and applies them together, atomically, when the last part arrives.
+    An answer too big for one message comes in parts, all but the last with more_parts set.
     """
     QueryAabb: _aio.UnaryUnaryMultiCallable[_broadphase_pb2.QueryAabbRequest, _broadphase_pb2.QueryAabbResponse]  # type: ignore[assignment]
+    """A query set in one message, answered in one message. An answer too big for one fails with
+    RESOURCE_EXHAUSTED and trailing metadata dbvt-answer-bytes (its size): ask it again with Query.
+    """
     QuerySphere: _aio.UnaryUnaryMultiCallable[_broadphase_pb2.QuerySphereRequest, _broadphase_pb2.QuerySphereResponse]  # type: ignore[assignment]
     Raycast: _aio.UnaryUnaryMultiCallable[_broadphase_pb2.RaycastRequest, _broadphase_pb2.RaycastResponse]  # type: ignore[assignment]
     QueryFrustum: _aio.UnaryUnaryMultiCallable[_broadphase_pb2.QueryFrustumRequest, _broadphase_pb2.QueryFrustumResponse]  # type: ignore[assignment]
-    GetPairs: _aio.UnaryUnaryMultiCallable[_broadphase_pb2.GetPairsRequest, _broadphase_pb2.GetPairsResponse]  # type: ignore[assignment]
+    Query: _aio.StreamStreamMultiCallable[_broadphase_pb2.QueryRequest, _broadphase_pb2.QueryResponse]  # type: ignore[assignment]
+    """A query set of any size, answered at one tick, the answer of any size: the client sends the set
+    as one or more parts (consecutive queries of one kind, world and mask) and closes its side; the
+    server answers them all at one tick, in one or more parts.
+    """
+    GetPairs: _aio.UnaryStreamMultiCallable[_broadphase_pb2.GetPairsRequest, _broadphase_pb2.GetPairsResponse]  # type: ignore[assignment]
+    """Every current pair, in one or more parts."""
 
 class BroadphaseServiceServicer(metaclass=_abc_1.ABCMeta):
     """Worlds of proxies (boxes with user ids) that report which pairs begin and end overlapping each tick."""
@@ -138,8 +163,8 @@ class BroadphaseServiceServicer(metaclass=_abc_1.ABCMeta):
         self,
         request: _broadphase_pb2.ApplyBatchRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_broadphase_pb2.ApplyBatchResponse, _abc.Awaitable[_broadphase_pb2.ApplyBatchResponse]]:
-        """One batch, applied atomically as one tick."""
+    ) -> _typing.Union[_abc.Iterator[_broadphase_pb2.ApplyBatchResponse], _abc.AsyncIterator[_broadphase_pb2.ApplyBatchResponse]]:
+        """One batch, applied atomically as one tick; its answer in one or more parts."""
 
     @_abc_1.abstractmethod
     def StreamBatches(
@@ -151,6 +176,7 @@ class BroadphaseServiceServicer(metaclass=_abc_1.ABCMeta):
         with its status in the response and the stream goes on. A batch too big for one message is sent
         as consecutive parts with the same sequence number, all but the last with more_parts set: the
         server stages the parts and applies them together, atomically, when the last part arrives.
+        An answer too big for one message comes in parts, all but the last with more_parts set.
         """
 
     @_abc_1.abstractmethod
@@ -158,7 +184,10 @@ class BroadphaseServiceServicer(metaclass=_abc_1.ABCMeta):
         self,
         request: _broadphase_pb2.QueryAabbRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_broadphase_pb2.QueryAabbResponse, _abc.Awaitable[_broadphase_pb2.QueryAabbResponse]]: ...
+    ) -> _typing.Union[_broadphase_pb2.QueryAabbResponse, _abc.Awaitable[_broadphase_pb2.QueryAabbResponse]]:
+        """A query set in one message, answered in one message. An answer too big for one fails with
+        RESOURCE_EXHAUSTED and trailing metadata dbvt-answer-bytes (its size): ask it again with Query.
+        """
 
     @_abc_1.abstractmethod
     def QuerySphere(
@@ -182,10 +211,22 @@ class BroadphaseServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_broadphase_pb2.QueryFrustumResponse, _abc.Awaitable[_broadphase_pb2.QueryFrustumResponse]]: ...
 
     @_abc_1.abstractmethod
+    def Query(
+        self,
+        request_iterator: _MaybeAsyncIterator[_broadphase_pb2.QueryRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_broadphase_pb2.QueryResponse], _abc.AsyncIterator[_broadphase_pb2.QueryResponse]]:
+        """A query set of any size, answered at one tick, the answer of any size: the client sends the set
+        as one or more parts (consecutive queries of one kind, world and mask) and closes its side; the
+        server answers them all at one tick, in one or more parts.
+        """
+
+    @_abc_1.abstractmethod
     def GetPairs(
         self,
         request: _broadphase_pb2.GetPairsRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_broadphase_pb2.GetPairsResponse, _abc.Awaitable[_broadphase_pb2.GetPairsResponse]]: ...
+    ) -> _typing.Union[_abc.Iterator[_broadphase_pb2.GetPairsResponse], _abc.AsyncIterator[_broadphase_pb2.GetPairsResponse]]:
+        """Every current pair, in one or more parts."""
 
 def add_BroadphaseServiceServicer_to_server(servicer: BroadphaseServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
