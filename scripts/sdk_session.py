@@ -11,7 +11,7 @@ import subprocess
 
 import numpy as np
 
-from dbvt_client import Client, NotFound
+from dbvt_client import Client, NotFound, Unauthenticated, Unavailable
 
 WORLD = "arena"
 MAX_WORLDS = 3  # given to the container as DBVT_MAX_WORLDS: the image takes the server's settings
@@ -97,6 +97,28 @@ def drive(address: str):
             raise CallFailed("pairs() of an unknown world did not raise NotFound")
     print("    SDK: settings from the environment, create world, 2 batches with pair changes, "
           "aabb/sphere/raycast/frustum queries, pairs, stats, NotFound: all as expected")
+
+
+def drive_secured(address: str, ca_pem: bytes, token: str):
+    """Against a server with TLS and tokens: who is refused, and the token's session."""
+    for what, refused, error in (("a plaintext client", Client(address, timeout=10), Unavailable),
+                                 ("a client without a token", Client(address, tls=ca_pem, timeout=10),
+                                  Unauthenticated)):
+        with refused:
+            try:
+                refused.list_worlds()
+            except error:
+                continue
+            raise CallFailed(f"{what} was let in")
+    with Client(address, tls=ca_pem, token=token, timeout=30) as client:
+        world = client.create_world(WORLD)
+        first = world.apply(create=columns(FIRST_BOXES))
+        expect("pairs begun over TLS", rows(first.begun), [(1, 2), (1, 4), (2, 4)])
+        expect("pairs over TLS", rows(world.apply(move=columns(MOVES)).begun), [(2, 3)])
+        expect("query over TLS", per_query(*world.query_aabb(np.array([[2, 2, 2, 2, 2, 2]], np.float32))), [[2, 3]])
+        client.delete_world(WORLD)
+    print("    plaintext client: Unavailable; no token: Unauthenticated; TLS and token: create, 2 batches, "
+          "query, delete: all as expected")
 
 
 def _cube_planes(low: float, high: float) -> list:

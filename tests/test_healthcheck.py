@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 
 from dbvt_server.healthcheck import default_address, main
+from security import Pki, TokenFile
 from servers import NEUTRAL_DIR, ServerProcess, ServerThread
 
 
@@ -68,5 +70,30 @@ def test_image_command_follows_the_environment_until_sigterm():
         gone = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60, cwd=NEUTRAL_DIR)
         assert gone.returncode == 1
         assert "health check failed" in gone.stderr
+    finally:
+        server.kill()
+
+
+def test_the_health_port_is_dialled_when_set():
+    assert default_address({"DBVT_HOST": "0.0.0.0", "DBVT_PORT": "50051", "DBVT_HEALTH_PORT": "50052"}) == \
+        "127.0.0.1:50052"
+
+
+def test_image_command_passes_while_the_main_port_needs_tls_and_tokens(tmp_path):
+    """The image's HEALTHCHECK with TLS and tokens on: it dials the plaintext health port."""
+    pki = Pki(tmp_path)
+    tokens = TokenFile(tmp_path / "tokens", ("ops", "admin", "*"))
+    server = ServerProcess(*pki.server_flags(), "--tokens", str(tokens.path), "--health-port", "0")
+    health_port = re.search(r"health service on \S+:(\d+)", "".join(server.output())).group(1)
+    command = [sys.executable, "-m", "dbvt_server.healthcheck", "--timeout", "5"]
+    try:
+        for port, answer in ((health_port, 0), (None, 1)):
+            env = {**os.environ, "DBVT_HOST": "0.0.0.0", "DBVT_PORT": str(server.port)}
+            if port:
+                env["DBVT_HEALTH_PORT"] = port
+            checked = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60, cwd=NEUTRAL_DIR)
+            # Without the health port the check dials the TLS port in plaintext, and fails.
+            assert checked.returncode == answer, checked.stderr
+        assert server.terminate() == 0
     finally:
         server.kill()

@@ -1,8 +1,10 @@
 """Exit 0 only when a dbvt-server answers the standard gRPC health check with SERVING.
 
 The container image's HEALTHCHECK runs `python -m dbvt_server.healthcheck`; with no
---address it dials the port the server in the same container was told to bind
-(DBVT_HOST / DBVT_PORT), so overriding those variables keeps the check pointing right.
+--address it dials the port the server in the same container was told to bind: DBVT_HEALTH_PORT
+when it is set (the plaintext port that serves only health, which works whatever TLS and tokens
+the main port needs), else DBVT_PORT, on DBVT_HOST. So overriding those variables keeps the check
+pointing right.
 """
 
 import argparse
@@ -18,7 +20,7 @@ _WILDCARD_HOSTS = {"", "0.0.0.0", "::", "[::]"}
 
 def default_address(environ=os.environ) -> str:
     host = environ.get("DBVT_HOST", "")
-    port = environ.get("DBVT_PORT", "50051")
+    port = environ.get("DBVT_HEALTH_PORT") or environ.get("DBVT_PORT", "50051")
     if host in _WILDCARD_HOSTS:
         host = "127.0.0.1"
     elif ":" in host and not host.startswith("["):
@@ -40,7 +42,8 @@ def main(argv=None) -> int:
         description="Exit 0 only if the dbvt-server at ADDRESS reports SERVING.",
     )
     parser.add_argument("--address", default=None,
-                        help="HOST:PORT to check (default: from DBVT_HOST/DBVT_PORT, wildcard hosts -> 127.0.0.1)")
+                        help="HOST:PORT to check, in plaintext (default: DBVT_HOST, and DBVT_HEALTH_PORT if set, else "
+                             "DBVT_PORT; wildcard hosts -> 127.0.0.1)")
     parser.add_argument("--service", default="", help="service name to check (default: the whole server)")
     parser.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for the answer (default: 3)")
     args = parser.parse_args(argv)
