@@ -4,6 +4,7 @@
     dbvt-bench workload w2 N STEPS DIR [--dims 2|3] [--seed S] W2 data and its exact answers
     dbvt-bench core [DIR] [--n N --steps S] [--repeat R] ...   the core, beside python-fcl
     dbvt-bench wire [DIR] [--target HOST:PORT] [--repeats R] ... the service over the wire
+    dbvt-bench secured [DIR] [--repeats R] ...                 TLS and a token against plaintext
 
 A benchmark given no DIR makes W1 data first, in a temporary directory, so a fresh clone needs
 nothing else. Every command prints its command line, the machine and the load average first, and
@@ -14,12 +15,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dbvt_server.bench import console, core, wire, workload
+from dbvt_server.bench import console, core, secured, wire, workload
 
 COMMANDS = {
     "workload": (workload, "make W1 or W2 data with its exact answers (expected.json)"),
     "core": (core, "the dbvt core on a W1 or W2 directory, python-fcl beside it on W1"),
     "wire": (wire, "W1 streamed through a dbvt-server, beside the in-process core"),
+    "secured": (secured, "W1's streamed step and box queries with TLS and a token, against plaintext"),
 }
 
 

@@ -37,9 +37,10 @@ from dbvt_server.bench.workload import Workload
 LISTENING = re.compile(r"listening on \S+:(\d+)")
 
 
-def start_server() -> tuple[subprocess.Popen, str]:
+def start_server(*flags: str) -> tuple[subprocess.Popen, str]:
+    """A dbvt-server child process on a free port of 127.0.0.1, with `flags`, and its address."""
     # Started outside the working directory, which may be a source tree with an unbuilt `dbvt/`.
-    process = subprocess.Popen([sys.executable, "-m", "dbvt_server", "--host", "127.0.0.1", "--port", "0"],
+    process = subprocess.Popen([sys.executable, "-m", "dbvt_server", "--host", "127.0.0.1", "--port", "0", *flags],
                                stderr=subprocess.PIPE, text=True, cwd=tempfile.gettempdir())
     for line in process.stderr:
         found = LISTENING.search(line)
@@ -48,7 +49,7 @@ def start_server() -> tuple[subprocess.Popen, str]:
     raise SystemExit("dbvt-server did not start")
 
 
-def _fresh_world(client: Client, name: str, track_pairs: bool = True):
+def fresh_world(client: Client, name: str, track_pairs: bool = True):
     if name in client.list_worlds():
         client.delete_world(name)
     return client.create_world(name, dims=3, margin=0.05, track_pairs=track_pairs)
@@ -94,7 +95,7 @@ def steps_ahead(stream, work: Workload) -> tuple[float, list[int]]:
     return seconds, [len(r.begun) - len(r.ended) for r in results]
 
 
-def _median_call(call) -> float:
+def median_call(call) -> float:
     seconds = []
     for _ in range(QUERY_CALLS):
         started = time.perf_counter()
@@ -107,7 +108,7 @@ def wire_run(client: Client, work: Workload, progress: Progress) -> dict:
     """One pass over the workload through the server: creation, the steps tick by tick and then with
     STEPS_AHEAD in flight (each on a new world), queries, ingest."""
     name = "dbvt-bench"
-    world = _fresh_world(client, name)
+    world = fresh_world(client, name)
     started = time.perf_counter()
     pairs = len(world.apply(create=(work.ids, work.boxes)).begun)
     create_seconds = time.perf_counter() - started
@@ -121,13 +122,13 @@ def wire_run(client: Client, work: Workload, progress: Progress) -> dict:
             pairs += len(result.begun) - len(result.ended)
             pair_counts.append(pairs)
             progress.advance()
-    world = _fresh_world(client, name)
+    world = fresh_world(client, name)
     pairs = len(world.apply(create=(work.ids, work.boxes)).begun)
     with world.stream() as stream:
         ahead_seconds, changes = steps_ahead(stream, work)
-    query_seconds = _median_call(lambda: world.query_aabb(work.q_aabb))
+    query_seconds = median_call(lambda: world.query_aabb(work.q_aabb))
     client.delete_world(name)
-    quiet = _fresh_world(client, name + "-query-only", track_pairs=False)
+    quiet = fresh_world(client, name + "-query-only", track_pairs=False)
     quiet.apply(create=(work.ids, work.boxes))
     with quiet.stream() as stream:
         pipelined_ingest(stream, work)      # the history the other worlds had, untimed
@@ -167,7 +168,7 @@ def local_run(work: Workload, progress: Progress) -> dict:
     from dbvt import Broadphase
 
     broadphase, create_seconds, step_seconds = local_steps(work, progress)
-    query_seconds = _median_call(lambda: broadphase.query_aabb(work.q_aabb))
+    query_seconds = median_call(lambda: broadphase.query_aabb(work.q_aabb))
     rested_seconds = local_steps(work, rest=REST_BEFORE_STEP)[2]
     quiet = Broadphase(dims=3, margin=0.05, track_pairs=False)
     quiet.create(work.ids, work.boxes)
