@@ -10,8 +10,7 @@ import grpc
 from dbvt_client import batches, parts, queries
 from dbvt_client.client import (DEFAULT_MAX_PROXIES_PER_WORLD, DEFAULT_MAX_WORLDS, create_request, stats_dict,
                                 world_info)
-from dbvt_client.errors import (DbvtError, Unavailable, from_exception, from_rpc_error, from_status_number,
-                                from_stream_status)
+from dbvt_client.errors import (DbvtError, Unavailable, from_exception, from_rpc_error, from_stream_status)
 from dbvt_client.results import BatchResult, Hits, RayHits, WorldInfo
 from dbvt_client.transport import (ANSWERED_IN_PARTS, QUERY_FIELDS, Connection, answer_too_big, local_transport,
                                    query_answer, query_set)
@@ -40,7 +39,10 @@ class _GrpcStream:
         return None if response is grpc.aio.EOF else response
 
     async def done_writing(self) -> None:
-        await self._call.done_writing()
+        try:
+            await self._call.done_writing()
+        except (grpc.RpcError, asyncio.InvalidStateError):
+            pass  # the call is already over: the reader reports how it ended
 
 
 class _AsyncGrpcTransport:
@@ -216,9 +218,11 @@ class AsyncBatchStream:
         return await (await self._submit_parts(parts))
 
     async def _submit_parts(self, parts: list[pb.Batch]) -> asyncio.Future:
+        if self._closed:
+            raise Unavailable("the batch stream is closed")
         if self._failure is not None:
             raise self._failure
-        if self._call is None or self._closed:
+        if self._call is None:
             raise Unavailable("the batch stream is not open (use `async with world.stream() as s`)")
         future = asyncio.get_running_loop().create_future()
         self._pending.append(future)
@@ -239,15 +243,16 @@ class AsyncBatchStream:
             while (response := await self._call.read()) is not None:
                 if (response := answers.whole(response)) is None:
                     continue
-                future = self._pending.popleft()
-                if response.status_code:
-                    future.set_exception(from_status_number(response.status_code, response.status_message))
-                else:
-                    future.set_result(batches.decode_result(response.result))
+                batches.settle(self._pending.popleft(), response)
         except DbvtError as error:
             failure = error
+        except asyncio.CancelledError:
+            # gRPC cancels the call when the client's channel closes under it.
+            failure = Unavailable("the batch stream was cut off: its client was closed")
         except Exception as exc:
             failure = from_exception(exc)
         self._failure = failure
         while self._pending:
-            self._pending.popleft().set_exception(failure)
+            future = self._pending.popleft()
+            if not future.done():
+                future.set_exception(failure)

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from dbvt_client import wire
-from dbvt_client.errors import InvalidArgument
+from dbvt_client.errors import InvalidArgument, from_exception, from_status_number
 from dbvt_client.results import BatchResult
 from dbvt_proto.v1 import broadphase_pb2 as pb
 
@@ -142,3 +142,18 @@ def stream_requests(world: str, sequence: int, parts: list[pb.Batch]) -> list[pb
     last = len(parts) - 1
     return [pb.StreamBatchesRequest(world=world, sequence=sequence, batch=part, more_parts=i < last)
             for i, part in enumerate(parts)]
+
+
+def settle(future, response: pb.StreamBatchesResponse) -> None:
+    """Resolve a stream's future of a batch with its answer: the result, or the error it was refused
+    with, or the error decoding it raised. A future its caller cancelled is left as it is."""
+    try:
+        if response.status_code:
+            raise from_status_number(response.status_code, response.status_message)
+        outcome = decode_result(response.result)
+    except Exception as exc:
+        if not future.done():
+            future.set_exception(from_exception(exc))
+        return
+    if not future.done():
+        future.set_result(outcome)

@@ -11,7 +11,7 @@ from concurrent.futures import Future
 import numpy as np
 
 from dbvt_client import batches, parts, queries
-from dbvt_client.errors import DbvtError, InvalidArgument, Unavailable, from_exception, from_status_number
+from dbvt_client.errors import DbvtError, InvalidArgument, Unavailable, from_exception
 from dbvt_client.results import BatchResult, Hits, RayHits, WorldInfo
 from dbvt_client.transport import Connection, GrpcTransport, local_transport
 from dbvt_proto.v1 import broadphase_pb2 as pb
@@ -215,10 +215,10 @@ class BatchStream:
     def _submit_parts(self, parts: list[pb.Batch]) -> Future:
         future: Future = Future()
         with self._lock:
-            if self._failure is not None:
-                raise self._failure
             if self._closed:
                 raise Unavailable("the batch stream is closed")
+            if self._failure is not None:
+                raise self._failure
             self._pending.append(future)
             for request in batches.stream_requests(self._world.name, next(self._sequence), parts):
                 self._requests.put(request)
@@ -238,11 +238,7 @@ class BatchStream:
             for response in responses:
                 if (response := answers.whole(response)) is None:
                     continue
-                future = self._pending.popleft()
-                if response.status_code:
-                    future.set_exception(from_status_number(response.status_code, response.status_message))
-                else:
-                    future.set_result(batches.decode_result(response.result))
+                batches.settle(self._pending.popleft(), response)
         except DbvtError as error:
             failure = error
         except Exception as exc:
@@ -250,4 +246,6 @@ class BatchStream:
         with self._lock:
             self._failure = failure
             while self._pending:
-                self._pending.popleft().set_exception(failure)
+                future = self._pending.popleft()
+                if not future.done():
+                    future.set_exception(failure)

@@ -1,0 +1,136 @@
+"""A batch stream's ends: every submitted future is resolved, whatever ends the stream; closing is
+safe at any time; a closed stream says so."""
+from __future__ import annotations
+
+import asyncio
+from concurrent import futures
+
+import grpc
+import numpy as np
+import pytest
+
+from dbvt_client import AsyncClient, Client, DbvtError, InvalidArgument, Unavailable
+from dbvt_proto.v1 import broadphase_pb2 as pb
+
+GUARD = 20  # seconds: a regression fails here instead of hanging the suite
+BOXES = np.array([[0, 0, 0, 1, 1, 1], [0.5, 0.5, 0.5, 2, 2, 2]], np.float32)
+MANY = 50_000
+
+
+def many_boxes() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(3)
+    low = rng.uniform(0, 100, (MANY, 3))
+    return np.arange(MANY, dtype=np.uint64), np.concatenate([low, low + 1], 1).astype(np.float32)
+
+
+class WrongAnswers:
+    """A peer that speaks the protocol wrongly: its answer to the first batch has a begun column of
+    7 bytes, which no batch result can have; the second is a proper answer."""
+
+    def __init__(self):
+        self.server = grpc.server(futures.ThreadPoolExecutor(2))
+        handler = grpc.stream_stream_rpc_method_handler(
+            self._answer, request_deserializer=pb.StreamBatchesRequest.FromString,
+            response_serializer=pb.StreamBatchesResponse.SerializeToString)
+        self.server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler("dbvt.v1.BroadphaseService", {"StreamBatches": handler}),))
+        self.target = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
+        self.server.start()
+
+    def _answer(self, requests, context):
+        for number, request in enumerate(requests):
+            begun = b"1234567" if number == 0 else b""
+            yield pb.StreamBatchesResponse(sequence=request.sequence, result=pb.BatchResult(tick=number + 1,
+                                                                                              begun=begun))
+
+
+def test_an_answer_that_cannot_be_decoded_fails_its_batch_not_the_caller():
+    peer = WrongAnswers()
+    try:
+        with Client(peer.target) as client:
+            client._max_message_bytes = 1 << 20     # the peer has no GetServerInfo
+            with client.world("w").stream() as stream:
+                first = stream.submit(destroy=[1])
+                with pytest.raises(InvalidArgument, match="begun"):
+                    first.result(GUARD)
+                assert stream.submit(destroy=[2]).result(GUARD).tick == 2
+    finally:
+        peer.server.stop(None)
+
+
+def test_closing_the_client_under_an_open_stream_resolves_its_batches(server):
+    ids, boxes = many_boxes()
+    client = Client(server.target)
+    world = client.create_world("closed-under")
+    stream = world.stream()
+    pending = [stream.submit(create=(ids[i::4], boxes[i::4])) for i in range(4)]
+    client.close()
+    for future in pending:
+        try:
+            future.result(GUARD)
+        except DbvtError:
+            pass
+    stream.close()
+    with pytest.raises(Unavailable, match="the batch stream is closed"):
+        stream.submit(destroy=[1])
+    with Client(server.target) as again:
+        again.delete_world("closed-under")
+
+
+def test_async_closing_the_client_under_an_open_stream_resolves_its_batches(server):
+    ids, boxes = many_boxes()
+
+    async def drive():
+        client = AsyncClient(server.target)
+        world = await client.create_world("async-closed-under")
+        stream = world.stream()
+        await stream.__aenter__()
+        assert (await stream.apply(create=(ids[:2], boxes[:2]))).tick == 1
+        pending = [await stream.submit(create=(ids[2 + i::4], boxes[2 + i::4])) for i in range(4)]
+        await client.close()
+        for future in pending:
+            try:
+                await asyncio.wait_for(future, GUARD)
+            except Unavailable as error:
+                assert "closed" in str(error)
+        await asyncio.wait_for(stream.close(), GUARD)
+        with pytest.raises(Unavailable):
+            await stream.submit(destroy=[1])
+        async with AsyncClient(server.target) as again:
+            await again.delete_world("async-closed-under")
+
+    asyncio.run(drive())
+
+
+def test_async_a_closed_stream_says_it_is_closed(server):
+    async def drive():
+        async with AsyncClient(server.target) as client:
+            world = await client.create_world("async-closed")
+            unopened = world.stream()
+            with pytest.raises(Unavailable, match="not open"):
+                await unopened.submit(destroy=[1])
+            async with world.stream() as stream:
+                await stream.apply(create=([1, 2], BOXES))
+            with pytest.raises(Unavailable, match="the batch stream is closed"):
+                await stream.submit(destroy=[1])
+            await stream.close()
+            await client.delete_world("async-closed")
+
+    asyncio.run(drive())
+
+
+def test_scalar_radius_serves_every_center(server):
+    async def drive():
+        async with AsyncClient(server.target) as client:
+            world = await client.create_world("async-radius")
+            await world.apply(create=([1, 2], BOXES))
+            hits = await world.query_sphere(np.zeros((2, 3)), 0.1)
+            assert hits.offsets.tolist() == [0, 1, 2] and hits.hits.tolist() == [1, 1]
+            await client.delete_world("async-radius")
+
+    asyncio.run(drive())
+    with Client(server.target) as client:
+        world = client.create_world("radius")
+        world.apply(create=([1, 2], BOXES))
+        assert world.query_sphere(np.zeros((3, 3)), 0.1).offsets.tolist() == [0, 1, 2, 3]
+        client.delete_world("radius")
