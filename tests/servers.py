@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 
 from dbvt_server.app import create_server
 from dbvt_server.config import Config
@@ -22,6 +23,14 @@ LISTENING = re.compile(r"listening on (\S+):(\d+)")
 OWN_LINE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR) dbvt_server: ")
 # Children run outside the repository, so that `python -m` imports the installed packages, not ./dbvt.
 NEUTRAL_DIR = tempfile.gettempdir()
+
+
+def wait_until(condition, guard: float = 20.0) -> None:
+    """Return once `condition()` holds; fail if it has not within `guard` seconds."""
+    deadline = time.monotonic() + guard
+    while not condition():
+        assert time.monotonic() < deadline, f"the condition never held within {guard} s"
+        time.sleep(0.01)
 
 
 class ServerThread:

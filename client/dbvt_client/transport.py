@@ -15,8 +15,11 @@ from dbvt_client.security import call_metadata, open_channel, tls_settings
 from dbvt_proto.v1 import broadphase_pb2 as pb
 from dbvt_proto.v1 import broadphase_pb2_grpc as pb_grpc
 
-# Replies are as big as the answers; requests are split by the SDK to the server's own limit.
-CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+# Replies are as big as the answers; requests are split by the SDK to the server's own limit. A
+# keepalive ping each minute on a silent connection with calls open finds a dead server (the server
+# accepts pings 10 s apart at the most frequent).
+CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1),
+                   ("grpc.keepalive_time_ms", 60_000), ("grpc.keepalive_timeout_ms", 20_000)]
 # gRPC's name-resolver schemes whose addresses are paths or names, which take no port.
 PORTLESS_SCHEMES = ("unix", "unix-abstract", "vsock")
 HOST_AND_PORT = re.compile(r"(\[[^\]]*\]|[^:\[\]]+):\d+")

@@ -36,8 +36,10 @@ class Running:
 
     def __init__(self, server: grpc.aio.Server, port: int, health_servicer, executor: ThreadPoolExecutor,
                  rejections: Rejections, tls: ServerTls | None, access: Access | None,
-                 health_server: grpc.aio.Server | None, health_port: int | None):
+                 health_server: grpc.aio.Server | None, health_port: int | None, servicer: BroadphaseServicer):
         self.server = server
+        self.servicer = servicer
+        self.service = servicer.service
         self.port = port
         self.health = health_servicer
         self.executor = executor
@@ -80,10 +82,13 @@ async def create_server(config: Config) -> Running:
         ("grpc.max_receive_message_length", config.max_message_bytes),
         ("grpc.max_send_message_length", -1),
         *SERVER_OPTIONS,
+        *keepalive_options(config),
     ])
     executor = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="dbvt-world")
-    limits = Limits(config.max_worlds, config.max_proxies_per_world, config.max_message_bytes)
-    add_to_server(BroadphaseServicer(Service(limits), executor, rejections), server)
+    limits = Limits(config.max_worlds, config.max_proxies_per_world, config.max_message_bytes,
+                    config.max_staged_bytes, config.max_queued_per_world)
+    servicer = BroadphaseServicer(Service(limits), executor, rejections)
+    add_to_server(servicer, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     if config.reflection == "on":
@@ -103,12 +108,32 @@ async def create_server(config: Config) -> Running:
         await health_server.start()
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    return Running(server, port, health_servicer, executor, rejections, tls, access, health_server, health_port)
+    return Running(server, port, health_servicer, executor, rejections, tls, access, health_server, health_port,
+                   servicer)
 
 
 HEALTH_NAME = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 # Two servers must never share a port silently.
 SERVER_OPTIONS = [("grpc.so_reuseport", 0)]
+# The least time between a client's keepalive pings that the server accepts; the SDK's are a minute
+# apart (dbvt_client.transport.CHANNEL_OPTIONS). Faster pings are treated as abuse: GOAWAY.
+MIN_CLIENT_PING_MS = 10_000
+
+
+def keepalive_options(config: Config) -> list[tuple[str, int]]:
+    """The server pings every connection that is silent for keepalive_seconds and closes it, with
+    its streams, when no answer comes within as long again: a client whose host vanished (no FIN, no
+    RST) holds nothing for long. A connection without calls for max_connection_idle_seconds is
+    closed too (clients reconnect on their next call)."""
+    keepalive_ms = int(config.keepalive_seconds * 1000)
+    return [("grpc.keepalive_time_ms", keepalive_ms), ("grpc.keepalive_timeout_ms", keepalive_ms),
+            ("grpc.keepalive_permit_without_calls", 1), ("grpc.http2.max_pings_without_data", 0),
+            # gRPC otherwise spaces the server's own pings minutes apart, whatever keepalive_time says.
+            ("grpc.http2.min_time_between_pings_ms", keepalive_ms),
+            ("grpc.http2.min_sent_ping_interval_without_data_ms", keepalive_ms),
+            ("grpc.http2.ping_timeout_ms", keepalive_ms),
+            ("grpc.http2.min_ping_interval_without_data_ms", MIN_CLIENT_PING_MS),
+            ("grpc.max_connection_idle_ms", int(config.max_connection_idle_seconds * 1000))]
 
 
 def _listen(server: grpc.aio.Server, host: str, port: int, credentials: grpc.ServerCredentials | None) -> int:

@@ -24,6 +24,10 @@ class Config:
     max_message_bytes: int = 64 * MIB
     max_worlds: int = 64
     max_proxies_per_world: int = 10_000_000
+    max_staged_bytes: int = 512 * MIB
+    max_queued_per_world: int = 128
+    keepalive_seconds: float = 30.0
+    max_connection_idle_seconds: float = 600.0
     grace_seconds: float = 10.0
     log_level: str = "INFO"
     workers: int = max(2, os.cpu_count() or 1)
@@ -75,6 +79,18 @@ SETTINGS = [
     Setting("max_worlds", "DBVT_MAX_WORLDS", int, "most worlds held at once", _positive, "must be positive"),
     Setting("max_proxies_per_world", "DBVT_MAX_PROXIES_PER_WORLD", int, "most proxies in one world",
             _positive, "must be positive"),
+    Setting("max_staged_bytes", "DBVT_MAX_STAGED_BYTES", int,
+            "most bytes held, across all streams, for batches and query sets whose last part has not come",
+            _positive, "must be positive"),
+    Setting("max_queued_per_world", "DBVT_MAX_QUEUED_PER_WORLD", int,
+            "operations waiting for their turn on one world; past it calls fail at once (RESOURCE_EXHAUSTED)",
+            _positive, "must be positive"),
+    Setting("keepalive_seconds", "DBVT_KEEPALIVE_SECONDS", float,
+            "ping a silent connection after this long, and close it with its streams if no answer comes within "
+            "as long again", lambda seconds: math.isfinite(seconds) and seconds >= 1, "must be at least 1"),
+    Setting("max_connection_idle_seconds", "DBVT_MAX_CONNECTION_IDLE_SECONDS", float,
+            "close a connection without calls for this long (clients reconnect on their next call)",
+            lambda seconds: math.isfinite(seconds) and seconds >= 1, "must be at least 1"),
     Setting("grace_seconds", "DBVT_GRACE_SECONDS", float,
             "on SIGTERM/SIGINT, how long calls in flight may take to finish before they are cancelled",
             lambda seconds: math.isfinite(seconds) and seconds >= 0, "must be a finite number >= 0"),

@@ -14,7 +14,7 @@ from dbvt_client import parts
 from dbvt_client.errors import from_exception
 from dbvt_proto.v1 import broadphase_pb2 as pb
 from dbvt_server.service import Limits, Service
-from dbvt_server.staging import BatchStaging, stream_error
+from dbvt_server.staging import BatchStaging, stream_error, unfinished_error
 
 # In-process calls carry no messages, so nothing needs splitting.
 UNLIMITED_MESSAGE_BYTES = 2**62
@@ -44,13 +44,19 @@ class LocalTransport:
 
     def stream(self, requests: Iterable[pb.StreamBatchesRequest]) -> Iterator[pb.StreamBatchesResponse]:
         staging = self.staging()
-        for request in requests:
-            response = self.stream_step(staging, request)
-            if response is not None:
-                yield response
+        try:
+            for request in requests:
+                response = self.stream_step(staging, request)
+                if response is not None:
+                    yield response
+            ending = self.stream_end(staging)
+            if ending is not None:
+                yield ending
+        finally:
+            staging.unfinished()
 
     def staging(self) -> BatchStaging:
-        return BatchStaging(self.service.limits)
+        return BatchStaging(self.service.limits.max_proxies_per_world, self.service.staged)
 
     def stream_step(self, staging: BatchStaging, request: pb.StreamBatchesRequest) -> pb.StreamBatchesResponse | None:
         """The answer to one stream message: None while a multi-part batch is still arriving."""
@@ -63,6 +69,14 @@ class LocalTransport:
             return pb.StreamBatchesResponse(sequence=request.sequence, result=result)
         except Exception as exc:
             return stream_error(request.sequence, from_exception(exc))
+
+    @staticmethod
+    def stream_end(staging: BatchStaging) -> pb.StreamBatchesResponse | None:
+        """The answer to a batch whose last part never came, when its stream ends."""
+        unfinished = staging.unfinished()
+        if unfinished is None:
+            return None
+        return stream_error(unfinished[1], unfinished_error(unfinished))
 
     def close(self) -> None:
         """Nothing to release: the worlds go with the client."""
@@ -85,6 +99,9 @@ class _LocalStream:
         return await self._responses.get()
 
     async def done_writing(self) -> None:
+        ending = self._local.stream_end(self._staging)
+        if ending is not None:
+            self._responses.put_nowait(ending)
         self._responses.put_nowait(None)
 
 

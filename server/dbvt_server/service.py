@@ -11,6 +11,7 @@ import numpy as np
 from dbvt_client.errors import AlreadyExists, InvalidArgument, NotFound, ResourceExhausted, quoted
 from dbvt_proto.v1 import broadphase_pb2 as pb
 from dbvt_server import __version__
+from dbvt_server.staging import StagedBytes
 from dbvt_server.worlds import WORLD_RPCS, World
 
 DEFAULT_DIMS = 3
@@ -20,16 +21,21 @@ FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 class Limits:
-    def __init__(self, max_worlds: int, max_proxies_per_world: int, max_message_bytes: int):
+    def __init__(self, max_worlds: int, max_proxies_per_world: int, max_message_bytes: int,
+                 max_staged_bytes: int = 2**62, max_queued_per_world: int = 2**62):
         self.max_worlds = max_worlds
         self.max_proxies_per_world = max_proxies_per_world
         self.max_message_bytes = max_message_bytes
+        self.max_staged_bytes = max_staged_bytes
+        self.max_queued_per_world = max_queued_per_world
 
 
 class Service:
     def __init__(self, limits: Limits):
         self.limits = limits
         self._worlds: dict[str, World] = {}
+        # What every stream and query set holds while its parts arrive.
+        self.staged = StagedBytes(limits.max_staged_bytes)
 
     def world(self, name: str) -> World:
         try:

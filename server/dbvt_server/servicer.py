@@ -18,14 +18,14 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from dbvt_client import parts
-from dbvt_client.errors import DbvtError, InvalidArgument, ResourceExhausted
+from dbvt_client.errors import DbvtError, DeadlineExceeded, InvalidArgument, ResourceExhausted, quoted
 from dbvt_proto.v1 import broadphase_pb2 as pb
 from dbvt_proto.v1 import broadphase_pb2_grpc as pb_grpc
 from dbvt_server import access
 from dbvt_server.logs import Rejections, shown
 from dbvt_server.memory import give_back
 from dbvt_server.service import Service
-from dbvt_server.staging import STAGED_BYTES_PER_PROXY, BatchStaging, stream_error
+from dbvt_server.staging import STAGED_BYTES_PER_PROXY, BatchStaging, stream_error, unfinished_error
 from dbvt_server.world_queue import WorldQueue
 from dbvt_server.worlds import WORLD_RPCS, World
 
@@ -55,12 +55,18 @@ def _timed(function):
 
 class BroadphaseServicer(pb_grpc.BroadphaseServiceServicer):
     def __init__(self, service: Service, executor: Executor, rejections: Rejections):
-        self._service = service
+        self.service = service
+        # Batch streams open now (on the event loop's thread only).
+        self.open_streams = 0
         self._executor = executor
         self._rejections = rejections
         self._queues: weakref.WeakKeyDictionary[World, WorldQueue] = weakref.WeakKeyDictionary()
 
-    def _start(self, world: World, function, request) -> asyncio.Future:
+    def queue_depths(self) -> dict[str, int]:
+        """Each world's operations waiting for their turn."""
+        return {world.name: queue.depth for world, queue in list(self._queues.items())}
+
+    def _start(self, world: World, function, request, deadline: float | None = None) -> asyncio.Future:
         """`function(world, request)` queued on the world; the future of its answer.
 
         A call cancelled before its turn (client gone, or shutdown past its grace) is dropped; once
@@ -69,20 +75,24 @@ class BroadphaseServicer(pb_grpc.BroadphaseServiceServicer):
         """
         queue = self._queues.get(world)
         if queue is None:
-            queue = self._queues[world] = WorldQueue(self._executor)
+            queue = self._queues[world] = WorldQueue(self._executor, self.service.limits.max_queued_per_world,
+                                                     f"world {quoted(world.name)} is busy")
         if log.isEnabledFor(logging.DEBUG):
             function = _timed(function)
+        if deadline is not None:
+            function = _unless_late(function, deadline)
         return asyncio.wrap_future(queue.submit(function, world, request))
 
     @property
     def _max_message_bytes(self) -> int:
-        return self._service.limits.max_message_bytes
+        return self.service.limits.max_message_bytes
 
     async def _world_rpc(self, method: str, request, context):
         try:
             _decoded(request)
             access.require(RIGHTS[method], request.world)
-            return await self._start(self._service.world(request.world), WORLD_RPCS[method], request)
+            return await self._start(self.service.world(request.world), WORLD_RPCS[method], request,
+                                     _deadline(context))
         except Exception as exc:
             await self._abort(context, method, request, exc)
 
@@ -119,14 +129,14 @@ class BroadphaseServicer(pb_grpc.BroadphaseServiceServicer):
 
     def _server_info(self, request: pb.GetServerInfoRequest) -> pb.GetServerInfoResponse:
         access.require("read")
-        return self._service.server_info(request)
+        return self.service.server_info(request)
 
     async def CreateWorld(self, request, context):
         return await self._registry_rpc("CreateWorld", self._create_world, request, context)
 
     def _create_world(self, request: pb.CreateWorldRequest) -> pb.CreateWorldResponse:
         access.require("admin", request.name)
-        response = self._service.create_world(request)
+        response = self.service.create_world(request)
         if response.created:
             world = response.world
             log.info("created world %s (dims=%d, margin=%g, track_pairs=%s, max_proxies=%d)%s", shown(world.name),
@@ -138,8 +148,8 @@ class BroadphaseServicer(pb_grpc.BroadphaseServiceServicer):
 
     def _delete_world(self, request: pb.DeleteWorldRequest) -> pb.DeleteWorldResponse:
         access.require("admin", request.name)
-        world = self._service.world(request.name)
-        response = self._service.delete_world(request)
+        world = self.service.world(request.name)
+        response = self.service.delete_world(request)
         # Operations already queued on the world still run: its memory is given back once they are done
         # and the world is gone.
         weakref.finalize(world, self._give_back_memory, asyncio.get_running_loop()).atexit = False
@@ -166,7 +176,7 @@ class BroadphaseServicer(pb_grpc.BroadphaseServiceServicer):
 
     def _list_worlds(self, request: pb.ListWorldsRequest) -> pb.ListWorldsResponse:
         access.require("read")
-        return self._service.list_worlds(request, access.visible)
+        return self.service.list_worlds(request, access.visible)
 
     async def GetWorldStats(self, request, context):
         return await self._world_rpc("GetWorldStats", request, context)
@@ -193,17 +203,23 @@ class BroadphaseServicer(pb_grpc.BroadphaseServiceServicer):
 
     async def Query(self, request_iterator, context):
         """The parts of a query set, joined, answered at one tick as one operation on the world, in parts."""
-        kind = None
+        # The bytes the set took from the staging budget, given back however the call ends.
+        kind, held = None, [0]
         try:
-            kind, request = await self._query_set(request_iterator)
-        except Exception as exc:
-            await self._abort(context, QUERY_KINDS.get(kind, "Query"), None, exc)
-        async for part in self._answer_in_parts(QUERY_KINDS[kind], request, context, parts.PART_OVERHEAD):
-            yield pb.QueryResponse(**{kind: part})
+            try:
+                kind, request = await self._query_set(request_iterator, held)
+            except Exception as exc:
+                await self._abort(context, QUERY_KINDS.get(kind, "Query"), None, exc)
+            async for part in self._answer_in_parts(QUERY_KINDS[kind], request, context, parts.PART_OVERHEAD):
+                yield pb.QueryResponse(**{kind: part})
+        finally:
+            self.service.staged.give_back(held[0])
 
-    async def _query_set(self, request_iterator) -> tuple[str, object]:
-        """The query kind and the one request its parts make. A set is bounded as a staged batch is."""
-        kind, pieces, held = None, [], 0
+    async def _query_set(self, request_iterator, held: list[int]) -> tuple[str, object]:
+        """The query kind and the one request its parts make. Its bytes count as staged, in held[0],
+        and a set is bounded as a staged batch is."""
+        kind, pieces = None, []
+        limit = STAGED_BYTES_PER_PROXY * self.service.limits.max_proxies_per_world
         async for request in request_iterator:
             _decoded(request)
             part_kind = request.WhichOneof("query")
@@ -212,17 +228,14 @@ class BroadphaseServicer(pb_grpc.BroadphaseServiceServicer):
                                       f"not {kind or 'a query'}; every part must hold the same kind")
             kind = part_kind
             pieces.append(getattr(request, kind))
-            held += request.ByteSize()
-            if held > self._staging_bytes:
-                raise ResourceExhausted(f"a query set of more than {self._staging_bytes} bytes cannot be held "
+            self.service.staged.take(request.ByteSize(), f"part {len(pieces) - 1} of a query set")
+            held[0] += request.ByteSize()
+            if held[0] > limit:
+                raise ResourceExhausted(f"a query set of more than {limit} bytes cannot be held "
                                         "(as a batch of a world of the server's limit of proxies could need)")
         if not pieces:
             raise InvalidArgument("the query set has no parts")
         return kind, parts.joined_queries(pieces)
-
-    @property
-    def _staging_bytes(self) -> int:
-        return STAGED_BYTES_PER_PROXY * self._service.limits.max_proxies_per_world
 
     async def StreamBatches(self, request_iterator, context):
         """Answers in order of arrival, while the next batches are already being read and started.
@@ -236,6 +249,7 @@ class BroadphaseServicer(pb_grpc.BroadphaseServiceServicer):
         answers: asyncio.Queue = asyncio.Queue()
         window = asyncio.Semaphore(STREAM_READ_AHEAD)
         reader = asyncio.create_task(self._start_batches(request_iterator, answers, window))
+        self.open_streams += 1
         try:
             while (answer := await answers.get()) is not None:
                 sequence, world, outcome = answer
@@ -253,12 +267,13 @@ class BroadphaseServicer(pb_grpc.BroadphaseServiceServicer):
                 # A message that is not a StreamBatchesRequest: the stream cannot go on.
                 await self._abort(context, "StreamBatches", None, exc)
         finally:
+            self.open_streams -= 1
             reader.cancel()
             await _settle(reader, answers)
 
     async def _start_batches(self, request_iterator, answers: asyncio.Queue, window: asyncio.Semaphore) -> None:
         """Each complete batch of the stream, started on its world, queued with its sequence number."""
-        staging = BatchStaging(self._service.limits)
+        staging = BatchStaging(self.service.limits.max_proxies_per_world, self.service.staged)
         try:
             async for request in request_iterator:
                 _decoded(request)
@@ -271,16 +286,40 @@ class BroadphaseServicer(pb_grpc.BroadphaseServiceServicer):
                 if batch is not None:
                     await window.acquire()
                     answers.put_nowait((request.sequence, request.world, self._start_batch(request.world, batch)))
+            # The client closed its side with a batch half sent: that batch is answered, not forgotten.
+            unfinished = staging.unfinished()
+            if unfinished is not None:
+                await window.acquire()
+                answers.put_nowait((unfinished[1], unfinished[0], _failed(unfinished_error(unfinished))))
         finally:
+            staging.unfinished()
             answers.put_nowait(None)
 
     def _start_batch(self, name: str, batch: pb.Batch) -> asyncio.Future:
         try:
             access.require(RIGHTS["StreamBatches"], name)
-            world = self._service.world(name)
+            return self._start(self.service.world(name), World.apply, batch)
         except Exception as exc:
             return _failed(exc)
-        return self._start(world, World.apply, batch)
+
+
+def _deadline(context) -> float | None:
+    """The call's deadline on time.monotonic()'s clock, or None."""
+    remaining = context.time_remaining()
+    return None if remaining is None else time.monotonic() + remaining
+
+
+def _unless_late(function, deadline: float):
+    """`function`, refused unapplied if its turn comes after the call's deadline: the client has
+    already been told DEADLINE_EXCEEDED, so it must not take effect. Once started, it completes."""
+
+    def unless_late(world: World, request):
+        if time.monotonic() > deadline:
+            raise DeadlineExceeded(f"the call's deadline passed while it waited for its turn on world "
+                                   f"{quoted(world.name)}; nothing of it was applied")
+        return function(world, request)
+
+    return unless_late
 
 
 def _by_whom() -> str:

@@ -1,10 +1,18 @@
-"""The staging of multi-part batches: a stream's parts of one batch, held until its last part arrives."""
+"""What the server holds for requests still arriving: the parts of multi-part batches and query sets.
+
+Held bytes are bounded twice. Each stream's batch may hold no more than a world under the server's
+limits could need (`STAGED_BYTES_PER_PROXY` a proxy). All streams and query sets together hold at
+most `--max-staged-bytes` (`StagedBytes`), so that many streams which never send their last part
+cannot fill the memory. Whatever is held is given back when its batch completes or fails, and when
+its stream ends.
+"""
 from __future__ import annotations
+
+import threading
 
 from dbvt_client import wire
 from dbvt_client.errors import DbvtError, InvalidArgument, ResourceExhausted, quoted
 from dbvt_proto.v1 import broadphase_pb2 as pb
-from dbvt_server.service import Limits
 
 # Generous: creating (41 bytes a row), moving (32) and destroying (8) every proxy of a full 3-D world.
 STAGED_BYTES_PER_PROXY = 96
@@ -12,29 +20,58 @@ _COLUMNS = ("create_ids", "create_boxes", "create_static", "create_group", "crea
             "move_ids", "move_boxes", "destroy_ids")
 
 
+class StagedBytes:
+    """The bytes held for incomplete requests across the server, within `limit`. Thread-safe: the
+    in-process transport stages on its callers' threads."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.value = 0
+        self._lock = threading.Lock()
+
+    def take(self, size: int, what: str) -> None:
+        with self._lock:
+            if self.value + size > self.limit:
+                raise ResourceExhausted(f"{what} cannot be held: the server already holds {self.value} bytes of "
+                                        f"incomplete batches and query sets, and holds at most {self.limit} "
+                                        "(--max-staged-bytes); it was dropped")
+            self.value += size
+
+    def give_back(self, size: int) -> None:
+        with self._lock:
+            self.value -= size
+
+
 class BatchStaging:
-    """The parts of one multi-part batch of a stream, until its last part arrives.
+    """The parts of one multi-part batch of a stream, until its last part arrives."""
 
-    Staged rows are bounded by the server's proxies-per-world limit, so a stream cannot make the
-    server hold more than a world could.
-    """
-
-    def __init__(self, limits: Limits):
-        self._limit = limits.max_proxies_per_world
+    def __init__(self, max_proxies_per_world: int, budget: StagedBytes):
+        self._limit = max_proxies_per_world
+        self._budget = budget
         self._key: tuple[str, int] | None = None
         self._parts: dict[str, list[bytes]] = {}
+        self._held = 0
 
     def add(self, request: pb.StreamBatchesRequest) -> pb.Batch | None:
-        """The whole batch once `request` is its last part, else None. Raises if the parts disagree."""
+        """The whole batch once `request` is its last part, else None. Raises if the parts disagree
+        or cannot be held; the batch is then dropped."""
         key = (request.world, request.sequence)
         if self._key is None and not request.more_parts:
             return request.batch
         if self._key is not None and key != self._key:
-            expected, self._key, self._parts = self._key, None, {}
+            expected = self._key
+            self._drop()
             raise InvalidArgument(f"batch {request.sequence} for world {quoted(request.world)} arrived before the "
                                   f"last part of batch {expected[1]} for world {quoted(expected[0])}; "
                                   f"that batch is dropped")
         self._key = key
+        size = request.batch.ByteSize()
+        try:
+            self._budget.take(size, f"part of batch {request.sequence}")
+        except ResourceExhausted:
+            self._drop()
+            raise
+        self._held += size
         for column in _COLUMNS:
             data = getattr(request.batch, column)
             if data:
@@ -42,23 +79,38 @@ class BatchStaging:
         self._check_size()
         if request.more_parts:
             return None
-        parts, self._key, self._parts = self._parts, None, {}
+        parts = self._parts
+        self._drop()
         return pb.Batch(**{column: b"".join(chunks) for column, chunks in parts.items()})
+
+    def unfinished(self) -> tuple[str, int] | None:
+        """The (world, sequence) of a batch whose last part has not come, its parts given back."""
+        key = self._key
+        self._drop()
+        return key
 
     def _check_size(self) -> None:
         for column in ("create_ids", "move_ids", "destroy_ids"):
             rows = sum(len(chunk) for chunk in self._parts.get(column, ())) // wire.IDS.itemsize
             if rows > self._limit:
-                self._drop(f"a batch with more than {self._limit} {column} rows cannot be staged "
-                           f"(the server's limit of proxies per world)")
-        staged = sum(len(chunk) for chunks in self._parts.values() for chunk in chunks)
-        if staged > STAGED_BYTES_PER_PROXY * self._limit:
-            self._drop(f"a batch of more than {STAGED_BYTES_PER_PROXY * self._limit} bytes cannot be staged "
-                       f"(more than a world of the server's limit of {self._limit} proxies could need)")
+                self._drop()
+                raise ResourceExhausted(f"a batch with more than {self._limit} {column} rows cannot be staged "
+                                        f"(the server's limit of proxies per world)")
+        if self._held > STAGED_BYTES_PER_PROXY * self._limit:
+            self._drop()
+            raise ResourceExhausted(f"a batch of more than {STAGED_BYTES_PER_PROXY * self._limit} bytes cannot be "
+                                    f"staged (more than a world of the server's limit of {self._limit} proxies "
+                                    "could need)")
 
-    def _drop(self, message: str) -> None:
-        self._key, self._parts = None, {}
-        raise ResourceExhausted(message)
+    def _drop(self) -> None:
+        self._budget.give_back(self._held)
+        self._key, self._parts, self._held = None, {}, 0
+
+
+def unfinished_error(key: tuple[str, int]) -> InvalidArgument:
+    world, sequence = key
+    return InvalidArgument(f"the stream ended before the last part of batch {sequence} for world {quoted(world)}; "
+                           "nothing of it was applied")
 
 
 def stream_error(sequence: int, error: DbvtError) -> pb.StreamBatchesResponse:

@@ -12,10 +12,15 @@ import threading
 from concurrent.futures import Executor, Future
 from typing import Callable
 
+from dbvt_client.errors import ResourceExhausted
+
 
 class WorldQueue:
-    def __init__(self, executor: Executor):
+    def __init__(self, executor: Executor, max_queued: int = 2**62, busy: str = "the world is busy"):
         self._executor = executor
+        # Past this many operations waiting, submit refuses at once: memory never grows with a backlog.
+        self._max_queued = max_queued
+        self._busy = busy
         self._lock = threading.Lock()
         self._jobs: collections.deque[tuple[Future, Callable, tuple]] = collections.deque()
         # Whether a turn of this world is on the pool (queued or running): then it takes new jobs too.
@@ -25,15 +30,24 @@ class WorldQueue:
         """The future of `function(*args)`, run after every operation submitted before it.
 
         Cancelling the future before the operation starts drops it; once started it runs to the end.
+        Raises ResourceExhausted when `max_queued` operations are already waiting.
         """
         job: Future = Future()
         with self._lock:
+            if len(self._jobs) >= self._max_queued:
+                raise ResourceExhausted(f"{self._busy}: {len(self._jobs)} operations are queued on it, the most "
+                                        "the server queues (--max-queued-per-world); try again when it has caught up")
             self._jobs.append((job, function, args))
             if self._in_line:
                 return job
             self._in_line = True
         self._get_in_line()
         return job
+
+    @property
+    def depth(self) -> int:
+        """Operations waiting for their turn (not counting one running)."""
+        return len(self._jobs)
 
     def _get_in_line(self) -> None:
         try:
