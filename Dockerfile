@@ -37,13 +37,15 @@ RUN groupadd --system --gid 10001 dbvt \
     && useradd --system --no-create-home --shell /usr/sbin/nologin --uid 10001 --gid dbvt dbvt
 USER 10001:10001
 # The health service alone, in plaintext, on its own port: the HEALTHCHECK and Kubernetes' native
-# gRPC probe (which has no TLS option, nor tokens) reach it whatever the main port needs.
+# gRPC probe (which has no TLS option, nor tokens) reach it whatever the main port needs. Prometheus
+# metrics, /healthz and /readyz on 9464.
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     DBVT_HOST=0.0.0.0 \
     DBVT_PORT=50051 \
-    DBVT_HEALTH_PORT=50052
-EXPOSE 50051 50052
+    DBVT_HEALTH_PORT=50052 \
+    DBVT_METRICS_ADDRESS=0.0.0.0:9464
+EXPOSE 50051 50052 9464
 HEALTHCHECK --interval=15s --timeout=5s --start-period=5s --retries=3 \
     CMD ["python", "-m", "dbvt_server.healthcheck"]
 # Exec form: dbvt-server is PID 1 and gets SIGTERM itself, for a graceful stop. It lets calls in

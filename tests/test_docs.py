@@ -12,6 +12,7 @@ What happens to a fenced block depends on its language tag:
               new-token` by its own parser). Every
               `dbvt-bench SUBCOMMAND ...` command must answer `dbvt-bench SUBCOMMAND --help` with exit
               status 0. Other commands (python3 -m venv, pip, pytest, docker) are not run.
+- ```yaml     checked: parsed, and every dbvt_* metric it names must be one a real server exports.
 - ```console  shown only: neither run nor checked (docker, grpcurl, a command's output).
 
 A fence with any other tag, or none, fails the test, so that no block escapes. Beside the blocks:
@@ -28,11 +29,15 @@ import re
 import shlex
 import subprocess
 import sys
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
+from dbvt_client import Client, DbvtError
 from dbvt_server import config
 from dbvt_server.__main__ import new_token_parser
 from security import Pki, TokenFile
@@ -41,7 +46,7 @@ from servers import NEUTRAL_DIR, ServerThread
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 PAGES = [README, *sorted((REPO / "docs").glob("*.md"))]
-RUN, CHECKED, SHOWN = {"python"}, {"sh"}, {"console"}
+RUN, CHECKED, SHOWN = {"python"}, {"sh", "yaml"}, {"console"}
 SERVER_ADDRESS = "127.0.0.1:50051"
 SEPARATORS = {"&&", "||", ";", "|", "&"}
 
@@ -84,7 +89,7 @@ def of_tag(tags: set[str]) -> list[Block]:
 def test_every_block_is_run_checked_or_shown():
     untagged = [f"{block.where} ```{block.tag}" for block in ALL_BLOCKS if block.tag not in RUN | CHECKED | SHOWN]
     assert not untagged, f"fences must be tagged {sorted(RUN | CHECKED | SHOWN)}: {untagged}"
-    assert of_tag(RUN) and of_tag(CHECKED)
+    assert of_tag(RUN) and of_tag({"sh"}) and of_tag({"yaml"})
 
 
 # ---- python: run ------------------------------------------------------------------------------------
@@ -158,6 +163,33 @@ def test_every_expected_result_has_its_block():
 
 # ---- sh: checked --------------------------------------------------------------------------------------
 
+# ---- yaml: checked ------------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def exported_metrics() -> set[str]:
+    """The metric and sample names of a real server's /metrics, once it has answered calls."""
+    server = ServerThread(metrics_address="127.0.0.1:0")
+    try:
+        with Client(server.target) as client:
+            client.create_world("scraped").apply(create=([1], [[0, 0, 0, 1, 1, 1]]))
+            with pytest.raises(DbvtError):
+                client.world("nowhere").pairs()
+        port = server.running.metrics_endpoint.port
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+            text = answer.read().decode()
+    finally:
+        server.stop()
+    families = list(text_string_to_metric_families(text))
+    return {family.name for family in families} | {sample.name for family in families for sample in family.samples}
+
+
+@pytest.mark.parametrize("block", [block for block in ALL_BLOCKS if block.tag == "yaml"], ids=lambda b: b.where)
+def test_yaml_block_parses_and_names_only_exported_metrics(block):
+    yaml.safe_load(block.code)
+    named = set(re.findall(r"\bdbvt_[a-z_]+", block.code)) - {"dbvt_server"}
+    assert named <= exported_metrics(), f"{block.where}: no such metric: {sorted(named - exported_metrics())}"
+
+
 def commands(code: str) -> list[list[str]]:
     """The simple commands of a shell block, as argument lists."""
     found = []
@@ -186,7 +218,7 @@ def split_environment(words: list[str]) -> tuple[dict, list[str]]:
 
 def checked_commands(program: str) -> list[tuple[Block, dict, list[str]]]:
     found = []
-    for block in of_tag(CHECKED):
+    for block in of_tag({"sh"}):
         for words in commands(block.code):
             environment, words = split_environment(words)
             if words and words[0] == program:

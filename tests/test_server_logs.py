@@ -3,6 +3,7 @@ and nothing but its own lines."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 
 import grpc
@@ -114,6 +115,32 @@ def test_undecodable_requests_are_rejected_without_a_traceback(server):
     for method in ("ApplyBatch", "CreateWorld", "StreamBatches"):
         assert f"WARNING dbvt_server: rejected {method}: INVALID_ARGUMENT: the request is not a valid " \
                f"dbvt.v1.{method}Request message" in said
+
+
+def test_a_hundred_undecodable_requests_write_a_few_lines(server):
+    with grpc.insecure_channel(server.target) as channel:
+        create = channel.unary_unary("/dbvt.v1.BroadphaseService/CreateWorld")
+        for _ in range(100):
+            with pytest.raises(grpc.RpcError):
+                create(b"\xff\xff\xff", timeout=30)
+    said = [line for line in _stopped(server) if "CreateWorld" in line]
+    assert len(said) == BURST + 1
+    assert said[-1] == "WARNING dbvt_server: rejected CreateWorld: INVALID_ARGUMENT: 90 more in the last 60 s, not logged"
+
+
+def test_json_lines_carry_a_rejected_requests_fields():
+    server = ServerProcess("--log-format", "json")
+    try:
+        with Client(server.target) as client, pytest.raises(NotFound):
+            client.world("nowhere").pairs()
+        assert server.terminate() == 0
+        lines = [json.loads(line) for line in server.output()]
+    finally:
+        server.kill()
+    assert {"time", "level", "logger", "message"} <= set(lines[0]) and "listening on" in lines[0]["message"]
+    [rejected] = [line for line in lines if line["level"] == "WARNING"]
+    assert (rejected["method"], rejected["world"], rejected["code"]) == ("GetPairs", "nowhere", "NOT_FOUND")
+    assert rejected["message"] == "rejected GetPairs on world 'nowhere': NOT_FOUND: no world named 'nowhere'"
 
 
 def test_debug_shows_only_the_servers_lines():

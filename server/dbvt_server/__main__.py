@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     from dbvt_server.app import PortUnavailable, serve
     from dbvt_server.tls import TlsFileError
 
-    logs.configure(config.log_level)
+    logs.configure(config.log_level, config.log_format)
     memory.configure()
     try:
         asyncio.run(serve(config))

@@ -8,14 +8,13 @@ there is no interceptor, `CALLER` stays None, and every call may do everything.
 from __future__ import annotations
 
 import contextvars
-import inspect
 import logging
 import threading
 
 import grpc
 
 from dbvt_client.errors import PermissionDenied, Unauthenticated, quoted
-from dbvt_server import tokens
+from dbvt_server import handlers, tokens
 from dbvt_server.tokens import Token
 
 log = logging.getLogger("dbvt_server")
@@ -91,15 +90,6 @@ def caller_name() -> str | None:
     return None if caller is None else caller.name
 
 
-# The gRPC handler constructor for each kind of RPC: (request streaming, response streaming).
-HANDLER_MAKERS = {
-    (False, False): grpc.unary_unary_rpc_method_handler,
-    (False, True): grpc.unary_stream_rpc_method_handler,
-    (True, False): grpc.stream_unary_rpc_method_handler,
-    (True, True): grpc.stream_stream_rpc_method_handler,
-}
-
-
 class TokenInterceptor(grpc.aio.ServerInterceptor):
     """Lets a call reach its handler only with a known token, and sets `CALLER` for the handler."""
 
@@ -116,18 +106,8 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
             caller = self._access.authenticate(details.invocation_metadata)
         except Unauthenticated as error:
             self._on_refused(details.method, error)
-            return _wrapped(handler, _refusing(handler, error))
-        return _wrapped(handler, _as_caller(handler, caller))
-
-
-def _behavior(handler):
-    return (handler.unary_unary or handler.unary_stream or handler.stream_unary or handler.stream_stream)
-
-
-def _wrapped(handler, behavior):
-    made = HANDLER_MAKERS[handler.request_streaming, handler.response_streaming]
-    return made(behavior, request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer)
+            return handlers.replaced(handler, _refusing(handler, error))
+        return handlers.wrapped(handler, lambda context: CALLER.set(caller))
 
 
 def _refusing(handler, error: Unauthenticated):
@@ -142,27 +122,3 @@ def _refusing(handler, error: Unauthenticated):
         await context.abort(error.code, error.message)
 
     return refuse
-
-
-def _as_caller(handler, caller: Token):
-    """The handler's behavior, run with `CALLER` set (tasks it starts inherit it)."""
-    behavior = _behavior(handler)
-    if handler.response_streaming:
-        async def stream_as_caller(request, context):
-            CALLER.set(caller)
-            answers = behavior(request, context)
-            if inspect.isasyncgen(answers):
-                async for answer in answers:
-                    yield answer
-            else:
-                # A handler that writes with context.write() and returns nothing.
-                await answers
-
-        return stream_as_caller
-
-    async def as_caller(request, context):
-        CALLER.set(caller)
-        answer = behavior(request, context)
-        return await answer if inspect.isawaitable(answer) else answer
-
-    return as_caller

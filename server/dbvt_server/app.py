@@ -5,7 +5,9 @@ import asyncio
 import logging
 import signal
 import socket
+import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -13,8 +15,9 @@ from grpc_reflection.v1alpha import reflection
 
 from dbvt_proto.v1 import broadphase_pb2 as pb
 from dbvt_server.access import Access, TokenInterceptor
-from dbvt_server.config import Config
+from dbvt_server.config import Config, split_address
 from dbvt_server.logs import Rejections
+from dbvt_server.metrics import Metrics, MetricsEndpoint
 from dbvt_server.service import Limits, Service
 from dbvt_server.servicer import BroadphaseServicer, add_to_server
 from dbvt_server.tls import ServerTls
@@ -31,23 +34,26 @@ def address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+@dataclass
 class Running:
     """A started server and what must be shut down with it."""
 
-    def __init__(self, server: grpc.aio.Server, port: int, health_servicer, executor: ThreadPoolExecutor,
-                 rejections: Rejections, tls: ServerTls | None, access: Access | None,
-                 health_server: grpc.aio.Server | None, health_port: int | None, servicer: BroadphaseServicer):
-        self.server = server
-        self.servicer = servicer
-        self.service = servicer.service
-        self.port = port
-        self.health = health_servicer
-        self.executor = executor
-        self.rejections = rejections
-        self.tls = tls
-        self.access = access
-        self.health_server = health_server
-        self.health_port = health_port
+    server: grpc.aio.Server
+    port: int
+    health: health.aio.HealthServicer
+    executor: ThreadPoolExecutor
+    rejections: Rejections
+    servicer: BroadphaseServicer
+    tls: ServerTls | None = None
+    access: Access | None = None
+    health_server: grpc.aio.Server | None = None
+    health_port: int | None = None
+    metrics: Metrics | None = None
+    metrics_endpoint: MetricsEndpoint | None = None
+
+    @property
+    def service(self) -> Service:
+        return self.servicer.service
 
     def reload(self) -> None:
         """Re-read the certificates and the token file (SIGHUP); a bad file keeps what is in force."""
@@ -55,15 +61,33 @@ class Running:
             if reloadable is not None:
                 reloadable.reload()
 
-    async def stop(self, grace: float) -> None:
-        """Refuse new calls, let calls in flight finish for up to `grace` seconds, then cancel them."""
+    async def stop(self, grace: float, drain: float = 0.0) -> None:
+        """Say NOT_SERVING at once (health, /readyz) but serve on for `drain` seconds, so that load
+        balancers move traffic away; then refuse new calls, let calls in flight finish for up to
+        `grace` seconds, and cancel the rest. Operations that had not started are dropped; one that
+        had started completes, even past the grace: that overrun is logged."""
         await self.health.enter_graceful_shutdown()
+        if self.metrics is not None:
+            self.metrics.ready = False
+        if drain:
+            log.info("draining: serving %.1f s more while health and /readyz say NOT_SERVING", drain)
+            await asyncio.sleep(drain)
         if self.health_server is not None:
             await self.health_server.stop(None)
         await self.server.stop(grace)
-        # An operation that had started when its call was cancelled runs to its end (see world_queue).
+        waited = time.monotonic()
         self.executor.shutdown(wait=True)
+        waited = time.monotonic() - waited
+        if waited > OVERRUN_NOTICE:
+            log.warning("an operation that had started ran %.1f s past the grace period: a started batch always "
+                        "completes", waited)
         self.rejections.flush()
+        if self.metrics_endpoint is not None:
+            self.metrics_endpoint.close()
+
+
+# Waiting this long for started operations after the grace is worth a line in the log.
+OVERRUN_NOTICE = 0.05
 
 
 async def create_server(config: Config) -> Running:
@@ -74,7 +98,15 @@ async def create_server(config: Config) -> Running:
     tls = ServerTls(config.tls_cert, config.tls_key, config.tls_client_ca) if config.tls_cert else None
     access = Access(config.tokens) if config.tokens else None
     rejections = Rejections()
+    executor = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="dbvt-world")
+    limits = Limits(config.max_worlds, config.max_proxies_per_world, config.max_message_bytes,
+                    config.max_staged_bytes, config.max_queued_per_world)
+    servicer = BroadphaseServicer(Service(limits), executor, rejections)
     interceptors = []
+    if config.metrics_address:
+        servicer.metrics = Metrics(servicer)
+        # First, so that it also counts the calls the token check refuses.
+        interceptors.append(servicer.metrics.interceptor())
     if access is not None:
         interceptors.append(TokenInterceptor(
             access, lambda method, error: rejections.log(method.rpartition("/")[2], None, error)))
@@ -84,32 +116,38 @@ async def create_server(config: Config) -> Running:
         *SERVER_OPTIONS,
         *keepalive_options(config),
     ])
-    executor = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="dbvt-world")
-    limits = Limits(config.max_worlds, config.max_proxies_per_world, config.max_message_bytes,
-                    config.max_staged_bytes, config.max_queued_per_world)
-    servicer = BroadphaseServicer(Service(limits), executor, rejections)
     add_to_server(servicer, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     if config.reflection == "on":
         reflection.enable_server_reflection([SERVICE_NAME, HEALTH_NAME, reflection.SERVICE_NAME], server)
+    running = Running(server, 0, health_servicer, executor, rejections, servicer, tls, access,
+                      metrics=servicer.metrics)
     try:
-        port = _listen(server, config.host, config.port, tls.credentials() if tls else None)
-        health_server, health_port = None, None
+        running.port = _listen(server, config.host, config.port, tls.credentials() if tls else None)
         if config.health_port is not None:
-            health_server = grpc.aio.server(options=SERVER_OPTIONS)
-            health_pb2_grpc.add_HealthServicer_to_server(health_servicer, health_server)
-            health_port = _listen(health_server, config.host, config.health_port, None)
+            running.health_server = grpc.aio.server(options=SERVER_OPTIONS)
+            health_pb2_grpc.add_HealthServicer_to_server(health_servicer, running.health_server)
+            running.health_port = _listen(running.health_server, config.host, config.health_port, None)
+        if running.metrics is not None:
+            running.metrics_endpoint = _metrics_endpoint(running.metrics, config.metrics_address)
     except PortUnavailable:
         executor.shutdown()
         raise
     await server.start()
-    if health_server is not None:
-        await health_server.start()
+    if running.health_server is not None:
+        await running.health_server.start()
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    return Running(server, port, health_servicer, executor, rejections, tls, access, health_server, health_port,
-                   servicer)
+    return running
+
+
+def _metrics_endpoint(metrics: Metrics, address: str) -> MetricsEndpoint:
+    host, port = split_address(address)
+    try:
+        return MetricsEndpoint(metrics, host, port)
+    except OSError as exc:
+        raise PortUnavailable(f"cannot serve metrics on {address}: {exc.strerror or exc}") from None
 
 
 HEALTH_NAME = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
@@ -178,6 +216,9 @@ async def serve(config: Config) -> None:
     loop.add_signal_handler(signal.SIGHUP, running.reload)
     if running.health_port is not None:
         log.info("health service on %s, plaintext, without tokens", address(config.host, running.health_port))
+    if running.metrics_endpoint is not None:
+        log.info("metrics on http://%s/metrics (and /healthz, /readyz)",
+                 address(split_address(config.metrics_address)[0], running.metrics_endpoint.port))
     log.info("dbvt-server listening on %s (%s, workers=%d, max_message_bytes=%d, max_worlds=%d, "
              "max_proxies_per_world=%d)", address(config.host, running.port), _security(config), config.workers,
              config.max_message_bytes, config.max_worlds, config.max_proxies_per_world)
@@ -188,5 +229,5 @@ async def serve(config: Config) -> None:
                                  if not given))
     await stopping.wait()
     log.info("stopping: finishing calls in flight (grace %.1f s)", config.grace_seconds)
-    await running.stop(config.grace_seconds)
+    await running.stop(config.grace_seconds, config.drain_seconds)
     log.info("stopped")

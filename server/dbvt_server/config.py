@@ -28,8 +28,10 @@ class Config:
     max_queued_per_world: int = 128
     keepalive_seconds: float = 30.0
     max_connection_idle_seconds: float = 600.0
+    drain_seconds: float = 0.0
     grace_seconds: float = 10.0
     log_level: str = "INFO"
+    log_format: str = "text"
     workers: int = max(2, os.cpu_count() or 1)
     tls_cert: str | None = None
     tls_key: str | None = None
@@ -37,11 +39,20 @@ class Config:
     tokens: str | None = None
     reflection: str = "on"
     health_port: int | None = None
+    metrics_address: str | None = None
 
     @property
     def exposed(self) -> bool:
         """Whether the server listens beyond this machine without both TLS and tokens."""
         return not is_loopback(self.host) and not (self.tls_cert and self.tokens)
+
+
+def split_address(address: str) -> tuple[str, int] | None:
+    """(host, port) of 'host:port' or '[v6 address]:port'; None if it is neither."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or int(port) > 65535:
+        return None
+    return host.strip("[]"), int(port)
 
 
 def is_loopback(host: str) -> bool:
@@ -91,11 +102,17 @@ SETTINGS = [
     Setting("max_connection_idle_seconds", "DBVT_MAX_CONNECTION_IDLE_SECONDS", float,
             "close a connection without calls for this long (clients reconnect on their next call)",
             lambda seconds: math.isfinite(seconds) and seconds >= 1, "must be at least 1"),
+    Setting("drain_seconds", "DBVT_DRAIN_SECONDS", float,
+            "on SIGTERM/SIGINT, how long to go on serving while health and /readyz say NOT_SERVING, so that a load "
+            "balancer moves traffic away first", lambda seconds: math.isfinite(seconds) and seconds >= 0,
+            "must be a finite number >= 0"),
     Setting("grace_seconds", "DBVT_GRACE_SECONDS", float,
             "on SIGTERM/SIGINT, how long calls in flight may take to finish before they are cancelled",
             lambda seconds: math.isfinite(seconds) and seconds >= 0, "must be a finite number >= 0"),
     Setting("log_level", "DBVT_LOG_LEVEL", str, "DEBUG, INFO, WARNING or ERROR",
             lambda level: level.upper() in LOG_LEVELS, f"must be one of {', '.join(LOG_LEVELS)}"),
+    Setting("log_format", "DBVT_LOG_FORMAT", str, "text, or json: one JSON object a line, for log collectors",
+            lambda value: value in ("text", "json"), "must be text or json"),
     Setting("workers", "DBVT_WORKERS", int, "threads running world operations (different worlds run in parallel)",
             _positive, "must be positive", stated_default="the number of cores, at least 2"),
     Setting("tls_cert", "DBVT_TLS_CERT", str, "PEM certificate chain: with --tls-key, the server speaks only TLS",
@@ -111,6 +128,10 @@ SETTINGS = [
     Setting("health_port", "DBVT_HEALTH_PORT", int,
             "also serve only the health service, in plaintext, on this port (for probes that cannot speak TLS)",
             lambda port: 0 <= port <= 65535, "must be between 0 and 65535", stated_default="none"),
+    Setting("metrics_address", "DBVT_METRICS_ADDRESS", str,
+            "HOST:PORT serving Prometheus metrics at /metrics, and /healthz and /readyz, over HTTP",
+            lambda address: split_address(address) is not None, "must be HOST:PORT, such as 0.0.0.0:9464",
+            stated_default="none, off"),
 ]
 
 # Settings that mean nothing without another one.

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import sys
 
@@ -20,11 +21,28 @@ BURST = 10
 INTERVAL = 60.0
 
 
-def configure(level: str) -> None:
+# What a rejected request's line carries as fields of its own in --log-format json.
+REQUEST_FIELDS = ("method", "world", "code")
+
+
+class JsonLines(logging.Formatter):
+    """One JSON object a line: time, level, logger, message, and a rejected request's fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = {"time": self.formatTime(record), "level": record.levelname, "logger": record.name,
+                "message": record.getMessage()}
+        line.update({field: getattr(record, field) for field in REQUEST_FIELDS if hasattr(record, field)})
+        if record.exc_info:
+            line["traceback"] = self.formatException(record.exc_info)
+        return json.dumps(line, ensure_ascii=False)
+
+
+def configure(level: str, log_format: str = "text") -> None:
     """The server's lines from `level` up; other libraries' only from WARNING: at DEBUG, grpc alone logs
     lines such as "[_cygrpc] Loaded running loop" for every call."""
-    logging.basicConfig(level=max(logging.WARNING, logging.getLevelName(level.upper())), stream=sys.stderr,
-                        format=FORMAT)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonLines() if log_format == "json" else logging.Formatter(FORMAT))
+    logging.basicConfig(level=max(logging.WARNING, logging.getLevelName(level.upper())), handlers=[handler])
     log.setLevel(level.upper())
 
 
@@ -63,7 +81,9 @@ class Rejections:
         on = "" if world is None else f" on world {shown(world)}"
         level, verb = _how(error.code)
         log.log(level, "%s %s%s: %s: %s", verb, method, on, error.code.name, cut(error.message, MESSAGE_CHARS),
-                exc_info=exc if level == logging.ERROR else None)
+                exc_info=exc if level == logging.ERROR else None,
+                extra={"method": method, "world": None if world is None else cut(world, NAME_CHARS),
+                       "code": error.code.name})
         return error
 
     def _close(self, key: tuple[str, grpc.StatusCode]) -> None:

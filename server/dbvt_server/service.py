@@ -37,6 +37,10 @@ class Service:
         # What every stream and query set holds while its parts arrive.
         self.staged = StagedBytes(limits.max_staged_bytes)
 
+    def worlds(self) -> list[World]:
+        """Every world, as a list that later creations and deletions leave as it is."""
+        return list(self._worlds.values())
+
     def world(self, name: str) -> World:
         try:
             return self._worlds[name]

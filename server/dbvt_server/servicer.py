@@ -21,7 +21,7 @@ from dbvt_client import parts
 from dbvt_client.errors import DbvtError, DeadlineExceeded, InvalidArgument, ResourceExhausted, quoted
 from dbvt_proto.v1 import broadphase_pb2 as pb
 from dbvt_proto.v1 import broadphase_pb2_grpc as pb_grpc
-from dbvt_server import access
+from dbvt_server import access, handlers
 from dbvt_server.logs import Rejections, shown
 from dbvt_server.memory import give_back
 from dbvt_server.service import Service
@@ -58,9 +58,21 @@ class BroadphaseServicer(pb_grpc.BroadphaseServiceServicer):
         self.service = service
         # Batch streams open now (on the event loop's thread only).
         self.open_streams = 0
+        # dbvt_server.metrics.Metrics, when the server publishes metrics.
+        self.metrics = None
         self._executor = executor
         self._rejections = rejections
         self._queues: weakref.WeakKeyDictionary[World, WorldQueue] = weakref.WeakKeyDictionary()
+
+    def apply(self, world: World, batch: pb.Batch) -> pb.BatchResult:
+        """On the world's thread: a batch applied, and counted when metrics are on."""
+        result = world.apply(batch)
+        if self.metrics is not None:
+            self.metrics.count_batch(batch)
+        return result
+
+    def apply_batch(self, world: World, request: pb.ApplyBatchRequest) -> pb.ApplyBatchResponse:
+        return pb.ApplyBatchResponse(result=self.apply(world, request.batch))
 
     def queue_depths(self) -> dict[str, int]:
         """Each world's operations waiting for their turn."""
@@ -91,8 +103,8 @@ class BroadphaseServicer(pb_grpc.BroadphaseServiceServicer):
         try:
             _decoded(request)
             access.require(RIGHTS[method], request.world)
-            return await self._start(self.service.world(request.world), WORLD_RPCS[method], request,
-                                     _deadline(context))
+            function = self.apply_batch if method == "ApplyBatch" else WORLD_RPCS[method]
+            return await self._start(self.service.world(request.world), function, request, _deadline(context))
         except Exception as exc:
             await self._abort(context, method, request, exc)
 
@@ -298,7 +310,7 @@ class BroadphaseServicer(pb_grpc.BroadphaseServiceServicer):
     def _start_batch(self, name: str, batch: pb.Batch) -> asyncio.Future:
         try:
             access.require(RIGHTS["StreamBatches"], name)
-            return self._start(self.service.world(name), World.apply, batch)
+            return self._start(self.service.world(name), self.apply, batch)
         except Exception as exc:
             return _failed(exc)
 
@@ -381,12 +393,12 @@ def add_to_server(servicer: BroadphaseServicer, server: grpc.aio.Server) -> None
     """What the generated add_BroadphaseServiceServicer_to_server does, with requests decoded by
     `_tolerant` deserializers."""
     service = pb.DESCRIPTOR.services_by_name["BroadphaseService"]
-    handlers = {
-        method.name: access.HANDLER_MAKERS[method.client_streaming, method.server_streaming](
+    method_handlers = {
+        method.name: handlers.HANDLER_MAKERS[method.client_streaming, method.server_streaming](
             getattr(servicer, method.name),
             request_deserializer=_tolerant(getattr(pb, method.input_type.name)),
             response_serializer=getattr(pb, method.output_type.name).SerializeToString)
         for method in service.methods
     }
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
-    server.add_registered_method_handlers(service.full_name, handlers)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, method_handlers),))
+    server.add_registered_method_handlers(service.full_name, method_handlers)

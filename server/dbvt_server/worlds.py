@@ -42,6 +42,9 @@ class World:
         self.margin = float(margin)
         self.track_pairs = bool(track_pairs)
         self.tick = 0
+        # The pairs now overlapping, kept from each batch's changes: a count anyone may read while a
+        # world thread changes the core (metrics), where the core's own statistics walk its lists.
+        self.pairs_count = 0
 
     def info(self) -> pb.WorldInfo:
         return pb.WorldInfo(name=self.name, dims=self.dims, margin=self.margin, max_proxies=self.max_proxies,
@@ -110,6 +113,7 @@ class World:
                 raise _renamed(exc, "destroy") from None
         begun, ended = bp.update()
         self.tick += 1
+        self.pairs_count += len(begun) - len(ended)
         return pb.BatchResult(tick=self.tick, begun=pack(begun, wire.IDS), ended=pack(ended, wire.IDS))
 
     @staticmethod

@@ -5,6 +5,7 @@
     dbvt-bench core [DIR] [--n N --steps S] [--repeat R] ...   the core, beside python-fcl
     dbvt-bench wire [DIR] [--target HOST:PORT] [--repeats R] ... the service over the wire
     dbvt-bench secured [DIR] [--repeats R] ...                 TLS and a token against plaintext
+    dbvt-bench metrics [DIR] [--repeats R] ...                 metrics on against off
 
 A benchmark given no DIR makes W1 data first, in a temporary directory, so a fresh clone needs
 nothing else. Every command prints its command line, the machine and the load average first, and
@@ -15,13 +16,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dbvt_server.bench import console, core, secured, wire, workload
+from dbvt_server.bench import console, core, paired, wire, workload
 
 COMMANDS = {
     "workload": (workload, "make W1 or W2 data with its exact answers (expected.json)"),
     "core": (core, "the dbvt core on a W1 or W2 directory, python-fcl beside it on W1"),
     "wire": (wire, "W1 streamed through a dbvt-server, beside the in-process core"),
-    "secured": (secured, "W1's streamed step and box queries with TLS and a token, against plaintext"),
+    "secured": (paired, "W1's streamed step and box queries with TLS and a token, against plaintext"),
+    "metrics": (paired, "W1's streamed step and box queries with metrics on, against off"),
 }
 
 

@@ -257,12 +257,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args, facts: dict) -> int:
-    with workload.w1_directory(args.directory, args.n, args.steps, args.seed) as directory:
-        work = workload.load(directory)
-    if work.kind != "W1":
-        raise workload.BadWorkload(f"{args.directory}: a {work.kind} directory; the wire benchmark runs on W1")
-    work = work.first(args.steps)
-    print(f"{args.directory or 'W1 made for this run'}: {work.describe()}", flush=True)
+    work = workload.w1_for(args, "wire")
     process, target = (None, args.target) if args.target else start_server()
     server_pid = args.server_pid if process is None else process.pid
     try:

@@ -285,6 +285,18 @@ def w1_directory(directory: Path | None, n: int, steps: int, seed: int = W1_SEED
         yield Path(made)
 
 
+def w1_for(args, benchmark: str) -> Workload:
+    """The W1 data a benchmark's arguments name (DIRECTORY, or --n, --steps, --seed to make it),
+    cut to --steps, and said on standard output."""
+    with w1_directory(args.directory, args.n, args.steps, args.seed) as directory:
+        work = load(directory)
+    if work.kind != "W1":
+        raise BadWorkload(f"{args.directory}: a {work.kind} directory; the {benchmark} benchmark runs on W1")
+    work = work.first(args.steps)
+    print(f"{args.directory or 'W1 made for this run'}: {work.describe()}", flush=True)
+    return work
+
+
 def add_arguments(parser) -> None:
     parser.description, parser.formatter_class = __doc__, argparse.RawDescriptionHelpFormatter
     kinds = parser.add_subparsers(dest="kind", required=True, metavar="{w1,w2}")

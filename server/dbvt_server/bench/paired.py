@@ -1,12 +1,14 @@
-"""`dbvt-bench secured`: what TLS and a token cost, against plaintext in the same run.
+"""What a server setting costs: two dbvt-server child processes side by side, one without it and one
+with it, timed on the same W1 in the same run.
 
-Two dbvt-server child processes run side by side: one in plaintext without tokens, one with TLS
-(a throwaway CA and certificate, made with trustme) and a token file. Each run takes W1 through
-both, in turn (alternately first), each time on a new world: its steps streamed tick by tick (the
-median step), then one call of all W1's box queries (the median of a few calls). A run's ratio is
-its secured figure over its plaintext one; the sides run seconds apart, so the ratio cancels most of
-the machine's drift. DIRECTORY is a W1 directory; without one, W1 data of --n proxies and --steps
-steps is made first, in a temporary directory.
+`dbvt-bench secured`: plaintext without tokens against TLS (a throwaway CA and certificate, made
+with trustme) and a token file. `dbvt-bench metrics`: without against with --metrics-address.
+
+Each run takes W1 through both servers, in turn (alternately first), each time on a new world: its
+steps streamed tick by tick (the median step), then one call of all W1's box queries (the median of
+a few calls). A run's ratio is its figure with the setting over its figure without; the sides run
+seconds apart, so the ratio cancels most of the machine's drift. DIRECTORY is a W1 directory;
+without one, W1 data of --n proxies and --steps steps is made first, in a temporary directory.
 """
 from __future__ import annotations
 
@@ -23,8 +25,8 @@ from dbvt_server.bench.wire import fresh_world, median_call, start_server
 from dbvt_server.bench.workload import Workload
 from dbvt_server.tokens import new_token
 
-TARGET = 1.10
-SIDES = ("plaintext", "secured")
+# What each command compares: its two sides' names, and the target of the ratio (with / without).
+COMPARED = {"secured": (("plaintext", "TLS+token"), 1.10), "metrics": (("metrics off", "metrics on"), 1.03)}
 
 
 def secured_flags(folder: pathlib.Path) -> tuple[list[str], bytes, str]:
@@ -58,16 +60,17 @@ def side_run(client: Client, work: Workload, progress: Progress) -> dict:
     return dict(step=statistics.median(steps), query=query)
 
 
-def report(work: Workload, runs: dict[str, list[dict]]) -> list[str]:
+def report(work: Workload, runs: dict[str, list[dict]], target: float) -> list[str]:
+    without, with_it = runs
     lines = [f"W1: N={len(work.ids)}, {work.steps} steps of {work.move_ids.shape[1]} moves, "
-             f"{len(work.q_aabb)} box queries; {len(runs['plaintext'])} paired runs",
-             f"{'':34}{'plaintext':>11}{'TLS+token':>11}{'ratio':>8}{'range':>14}  target"]
+             f"{len(work.q_aabb)} box queries; {len(runs[without])} paired runs",
+             f"{'':34}{without:>12}{with_it:>12}{'ratio':>8}{'range':>14}  target"]
     for label, key in (("streamed step, tick by tick, ms", "step"),
                        (f"{len(work.q_aabb) // 1000}k box queries in one call, ms", "query")):
-        plain, secured = ([run[key] for run in runs[side]] for side in SIDES)
-        ratios = [s / p for s, p in zip(secured, plain)]
-        lines.append(f"{label:34}{statistics.median(plain) * 1e3:11.2f}{statistics.median(secured) * 1e3:11.2f}"
-                     f"{statistics.median(ratios):8.2f}{f'{min(ratios):.2f}-{max(ratios):.2f}':>14}  <= {TARGET:.2f}")
+        base, other = ([run[key] for run in runs[side]] for side in runs)
+        ratios = [o / b for o, b in zip(other, base)]
+        lines.append(f"{label:34}{statistics.median(base) * 1e3:12.2f}{statistics.median(other) * 1e3:12.2f}"
+                     f"{statistics.median(ratios):8.2f}{f'{min(ratios):.2f}-{max(ratios):.2f}':>14}  <= {target:.2f}")
     return lines
 
 
@@ -82,29 +85,32 @@ def add_arguments(parser) -> None:
 
 
 def run(args, facts: dict) -> int:
-    with workload.w1_directory(args.directory, args.n, args.steps, args.seed) as directory:
-        work = workload.load(directory)
-    if work.kind != "W1":
-        raise workload.BadWorkload(f"{args.directory}: a {work.kind} directory; this benchmark runs on W1")
-    work = work.first(args.steps)
-    print(f"{args.directory or 'W1 made for this run'}: {work.describe()}", flush=True)
-    with tempfile.TemporaryDirectory(prefix="dbvt-bench-secured-") as folder:
-        flags, ca, token = secured_flags(pathlib.Path(folder))
-        servers = {"plaintext": start_server(), "secured": start_server(*flags)}
+    work = workload.w1_for(args, args.command)
+    names, target = COMPARED[args.command]
+    with tempfile.TemporaryDirectory(prefix="dbvt-bench-paired-") as folder:
+        setting, client_settings = _setting(args.command, pathlib.Path(folder))
+        servers = {names[0]: start_server(), names[1]: start_server(*setting)}
         try:
-            clients = {"plaintext": Client(servers["plaintext"][1]),
-                       "secured": Client(servers["secured"][1], tls=ca, token=token)}
-            runs: dict[str, list[dict]] = {side: [] for side in SIDES}
+            clients = {names[0]: Client(servers[names[0]][1]), names[1]: Client(servers[names[1]][1], **client_settings)}
+            runs: dict[str, list[dict]] = {name: [] for name in names}
             for attempt in range(args.repeats):
-                for side in SIDES[::1 if attempt % 2 == 0 else -1]:
-                    progress = Progress(f"{side} run {attempt + 1}/{args.repeats}", work.steps)
-                    runs[side].append(side_run(clients[side], work, progress))
+                for name in names[::1 if attempt % 2 == 0 else -1]:
+                    progress = Progress(f"{name} run {attempt + 1}/{args.repeats}", work.steps)
+                    runs[name].append(side_run(clients[name], work, progress))
             for client in clients.values():
                 client.close()
         finally:
             for process, _ in servers.values():
                 process.terminate()
                 process.wait(30)
-    print("\n".join(report(work, runs)))
+    print("\n".join(report(work, runs, target)))
     console.footer(facts)
     return 0
+
+
+def _setting(command: str, folder: pathlib.Path) -> tuple[list[str], dict]:
+    """The server flags of the side with the setting, and what its client needs."""
+    if command == "metrics":
+        return ["--metrics-address", "127.0.0.1:0"], {}
+    flags, ca, token = secured_flags(folder)
+    return flags, {"tls": ca, "token": token}

@@ -1,0 +1,122 @@
+"""/metrics, /healthz and /readyz of a real server, scraped and parsed as Prometheus does; readiness
+turning at SIGTERM while calls are still answered through the drain; an overrun of the grace logged."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import signal
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from dbvt_client import Client, NotFound
+from servers import ServerProcess, ServerThread
+
+BOXES = np.array([[0, 0, 0, 1, 1, 1], [0.5, 0.5, 0.5, 2, 2, 2], [5, 5, 5, 6, 6, 6]], np.float32)
+
+
+def fetch(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def scrape(port: int) -> dict:
+    """Every sample as {(name, (label, value), ...): value}."""
+    status, text = fetch(port, "/metrics")
+    assert status == 200
+    return {(sample.name, *sorted(sample.labels.items())): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+@pytest.fixture
+def server():
+    running = ServerThread(metrics_address="127.0.0.1:0")
+    yield running
+    running.stop()
+
+
+def test_counters_equal_the_calls_made_and_gauges_the_worlds_state(server):
+    port = server.running.metrics_endpoint.port
+    with Client(server.target) as client:
+        world = client.create_world("metered")
+        for i in range(5):
+            world.apply(create=([10 * i + 1, 10 * i + 2], BOXES[:2] + 10 * i))
+        world.apply(move=([1], BOXES[2:]), destroy=[2])
+        for _ in range(3):
+            world.query_aabb(BOXES)
+        with pytest.raises(NotFound):
+            client.world("nowhere").pairs()
+        with world.stream() as stream:
+            stream.apply(destroy=[11])
+            open_streams = scrape(port)[("dbvt_stream_connections",)]
+        samples = scrape(port)
+    assert open_streams == 1 and samples[("dbvt_stream_connections",)] == 0
+    requests = {key[1:]: value for key, value in samples.items() if key[0] == "dbvt_rpc_requests_total"}
+    assert requests[(("code", "OK"), ("method", "ApplyBatch"))] == 6
+    assert requests[(("code", "OK"), ("method", "QueryAabb"))] == 3
+    assert requests[(("code", "NOT_FOUND"), ("method", "GetPairs"))] == 1
+    assert requests[(("code", "OK"), ("method", "StreamBatches"))] == 1
+    assert samples[("dbvt_rpc_duration_seconds_count", ("method", "ApplyBatch"))] == 6
+    operations = {key[1][1]: value for key, value in samples.items() if key[0] == "dbvt_batch_operations_total"}
+    assert operations == {"create": 10, "move": 1, "destroy": 2}
+    world_label = ("world", "metered")
+    assert samples[("dbvt_worlds",)] == 1
+    assert samples[("dbvt_world_proxies", world_label)] == 8
+    assert samples[("dbvt_world_tick", world_label)] == 7
+    assert samples[("dbvt_world_queue_depth", world_label)] == 0
+    assert samples[("dbvt_staged_bytes",)] == 0
+    with Client(server.target) as client:
+        assert samples[("dbvt_world_pairs", world_label)] == len(client.world("metered").pairs()) == 3
+    assert samples[("process_cpu_seconds_total",)] > 0
+
+
+def test_health_and_readiness_endpoints(server):
+    port = server.running.metrics_endpoint.port
+    assert fetch(port, "/healthz") == (200, "alive\n")
+    assert fetch(port, "/readyz") == (200, "ready\n")
+    status, text = fetch(port, "/nothing-here")
+    assert status == 404 and "/metrics" in text
+
+
+def test_readiness_turns_at_sigterm_while_calls_are_answered_through_the_drain():
+    server = ServerProcess("--metrics-address", "127.0.0.1:0", "--drain-seconds", "30", "--grace-seconds", "1")
+    port = int(re.search(r"metrics on http://127\.0\.0\.1:(\d+)/metrics", "".join(server.output())).group(1))
+    try:
+        with Client(server.target) as client:
+            client.create_world("draining")
+            assert fetch(port, "/readyz")[0] == 200
+            server.process.send_signal(signal.SIGTERM)
+            server.wait_for_line("draining: serving 30.0 s more")
+            assert fetch(port, "/readyz") == (503, "shutting down\n")
+            assert fetch(port, "/healthz")[0] == 200
+            # Still answering: a load balancer has time to move traffic away.
+            assert client.list_worlds() == ["draining"]
+            assert client.world("draining").apply(create=([1], BOXES[:1])).tick == 1
+        server.process.send_signal(signal.SIGTERM)
+    finally:
+        server.kill()
+
+
+def test_an_operation_running_past_the_grace_completes_and_is_logged(caplog):
+    server = ServerThread()
+    release = threading.Event()
+    holding = server.running.executor.submit(release.wait, 60)
+    with caplog.at_level(logging.INFO, logger="dbvt_server"):
+        stopping = asyncio.run_coroutine_threadsafe(server.running.stop(0.0), server._loop)
+        time.sleep(0.3)  # the overrun itself: the operation goes on after the (zero) grace has ended
+        release.set()
+        stopping.result(30)
+    assert holding.result(30) is True
+    server.stop()   # stopping again finds nothing left to stop, and ends the server's thread
+    [line] = [record.getMessage() for record in caplog.records if "past the grace period" in record.getMessage()]
+    assert re.fullmatch(r"an operation that had started ran \d+\.\d s past the grace period: "
+                        r"a started batch always completes", line)
