@@ -32,7 +32,11 @@ COMPARED = {"secured": (("plaintext", "TLS+token"), 1.10), "metrics": (("metrics
 def secured_flags(folder: pathlib.Path) -> tuple[list[str], bytes, str]:
     """Server flags for TLS and a token file in `folder`, the CA a client must trust, and the token."""
     # In the bench and test extras only: the other benchmarks run without it.
-    import trustme
+    try:
+        import trustme
+    except ImportError:
+        raise SystemExit("dbvt-bench secured makes a throwaway CA with trustme: "
+                         "pip install 'dbvt-server[bench]'") from None
 
     authority = trustme.CA()
     issued = authority.issue_cert("127.0.0.1")
