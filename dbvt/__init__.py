@@ -5,7 +5,7 @@ pairs of overlapping proxies as they move (as btDbvtBroadphase). `dbvt.reference
 computed by brute force, for checking. All results are exact on the proxies' tight boxes.
 """
 try:
-    from dbvt._broadphase import Broadphase
+    from dbvt._broadphase import Broadphase, FatPairLimit
     from dbvt._tree import Tree
 except ModuleNotFoundError as exc:   # the repository's dbvt/ shadows the installed package
     if not (exc.name or "").startswith("dbvt._"):
@@ -16,5 +16,5 @@ except ModuleNotFoundError as exc:   # the repository's dbvt/ shadows the instal
     ) from exc
 from dbvt.frustum import frustum_planes
 
-__all__ = ["Tree", "Broadphase", "frustum_planes"]
+__all__ = ["Tree", "Broadphase", "FatPairLimit", "frustum_planes"]
 __version__ = "0.1.0"

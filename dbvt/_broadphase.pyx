@@ -31,6 +31,11 @@ _STATE = struct.Struct("<qqqq")
 cdef enum:
     TOUCHING = 1                    # the tight boxes overlap: the pair exists for the user
     INLINE_PARTNERS = 2
+    FAT_LIMIT = 2                   # a status: update(max_fat_pairs=...) stopped at its limit
+
+
+class FatPairLimit(Exception):
+    """update(max_fat_pairs=...) stopped: the fat boxes' pairs passed the limit."""
 
 
 # A proxy's partners are entries (partner proxy << 1) | TOUCHING, ascending by partner. Most proxies
@@ -187,6 +192,9 @@ cdef class Broadphase(TreeBase):
     cdef int64_t moved_capacity
     cdef PairBuffer ended           # pairs of destroyed proxies, reported by the next update()
     cdef readonly bint track_pairs
+    cdef int64_t touching           # pairs whose tight boxes overlap now, kept as bits flip
+    cdef int64_t listed             # entries of all partner lists: twice the pairs of fat boxes
+    cdef int64_t listed_limit       # during update(max_fat_pairs=...): past it the update stops
 
     def __cinit__(self, *args, **kwargs):
         self.groups = NULL
@@ -196,6 +204,8 @@ cdef class Broadphase(TreeBase):
         self.moved = NULL
         self.moved_count = self.moved_capacity = 0
         memset(&self.ended, 0, sizeof(PairBuffer))
+        self.touching = self.listed = 0
+        self.listed_limit = -1
 
     def __init__(self, int dims=3, margin=0.05, track_pairs=True):
         self.core.dims = validation.check_dims(dims)
@@ -292,23 +302,37 @@ cdef class Broadphase(TreeBase):
                 self._mark_moved(proxy, True)
         self._after_change()
 
-    def move(self, ids, boxes):
-        """Give proxies new tight boxes; returns how many left their fat box (and got a new one)."""
+    def move(self, ids, boxes, previous=None):
+        """Give proxies new tight boxes; returns how many left their fat box (and got a new one).
+
+        `previous`, a float32 array shaped as `boxes`, receives the tight boxes they had, for
+        undoing the move (at no cost beyond the copy: the proxies are in hand anyway)."""
         id_arr = validation.as_ids(ids)
         cdef const float[:, ::1] rows = validation.as_boxes(boxes, self.core.dims, len(id_arr))
         proxy_arr = self._existing(id_arr)
         cdef int32_t[::1] proxies = proxy_arr
         # In proxy order, which follows the tree's after a build: neighbouring edits share paths.
         cdef int64_t[::1] order = np.argsort(proxy_arr)
-        cdef Py_ssize_t n = proxies.shape[0], i, row
+        cdef Py_ssize_t n = proxies.shape[0], i, row, k
         cdef int64_t refattened = 0
         cdef bint refat
         cdef float box[6]
+        cdef int32_t dims = self.core.dims
+        cdef float[:, ::1] before = None
+        cdef bint keep = previous is not None
+        if keep:
+            before = previous
+            if before.shape[0] != n or before.shape[1] != 2 * dims:
+                raise ValueError(f"previous must be ({n}, {2 * dims}) float32, got {np.shape(previous)}")
         self._reserve(0, n)
         with nogil:
             for i in range(n):
                 prefetch_move(&self.core, &proxies[0], &order[0], i, n)
                 row = order[i]
+                if keep:
+                    for k in range(dims):
+                        before[row, k] = self.core.proxies[proxies[row]].tight[k]
+                        before[row, dims + k] = self.core.proxies[proxies[row]].tight[3 + k]
                 load_box(&rows[row, 0], self.core.dims, box)
                 refat = core_move(&self.core, proxies[row], box)
                 refattened += refat
@@ -341,26 +365,57 @@ cdef class Broadphase(TreeBase):
                     partners_erase(&self.partners[other], proxy)
                     if items[k] & TOUCHING:
                         pairs_push(&self.ended, self.core.proxies[proxy].id, self.core.proxies[other].id)
+                        self.touching -= 1
+                self.listed -= 2 * self.partners[proxy].count
                 self.partners[proxy].count = 0
                 self.groups[proxy] = self.masks[proxy] = 0
                 core_remove(&self.core, proxy)
         self._after_change()
 
-    def update(self):
+    def settings(self, ids):
+        """`(static, group, mask)` of `ids`: uint8, uint32 and uint32 arrays, as create() takes them."""
+        cdef int32_t[::1] proxies = self._existing(validation.as_ids(ids))
+        cdef Py_ssize_t n = proxies.shape[0], i
+        static = np.empty(n, np.uint8)
+        group = np.empty(n, np.uint32)
+        mask = np.empty(n, np.uint32)
+        for i in range(n):
+            static[i] = (self.core.proxies[proxies[i]].flags & PROXY_STATIC) != 0
+            group[i] = self.groups[proxies[i]]
+            mask[i] = self.masks[proxies[i]]
+        return static, group, mask
+
+    @property
+    def pair_count(self):
+        """The pairs whose tight boxes overlap now (after the last update()); 0 without track_pairs."""
+        return self.touching
+
+    def update(self, max_fat_pairs=None):
         """`(begun, ended)`: `(m, 2)` uint64 pairs (rows a < b, sorted) that started and stopped
-        overlapping since the previous update()."""
+        overlapping since the previous update().
+
+        With `max_fat_pairs`, the update stops as soon as the pairs of fat boxes (which the partner
+        lists hold, and which bound the pairs that can begin) pass it, and raises FatPairLimit. A
+        batch of boxes all on one spot would otherwise fill the memory before its first pair is
+        counted. The broadphase is then part-way through the update, consistent but with changes
+        still pending: undo the batch (move back, destroy the created, create the destroyed) and
+        update() again to return to where it was."""
         cdef PairBuffer begun
         cdef PairBuffer ended = self.ended
         cdef int status
+        self.listed_limit = -1 if max_fat_pairs is None else 2 * int(max_fat_pairs)
         memset(&begun, 0, sizeof(PairBuffer))
         memset(&self.ended, 0, sizeof(PairBuffer))
         with nogil:
             status = self._track(&begun, &ended)
             if status == 0:
                 cancel_common(&begun, &ended)
+        self.listed_limit = -1
         if status != 0:
             pairs_free(&begun)
             pairs_free(&ended)
+            if status == FAT_LIMIT:
+                raise FatPairLimit(f"more than {max_fat_pairs} pairs of fat boxes")
             raise MemoryError()
         self._after_change()
         return pair_array(&begun), pair_array(&ended)
@@ -421,12 +476,15 @@ cdef class Broadphase(TreeBase):
             if j == kept or (i < mine.count and (items[i] >> 1) < hits.proxies[j]):
                 entry = items[i]
                 partners_erase(&self.partners[entry >> 1], proxy)
+                self.listed -= 1
                 if entry & TOUCHING:
                     status = pairs_push(ended, t.proxies[proxy].id, t.proxies[entry >> 1].id)
+                    self.touching -= 1
                 i += 1
             elif i == mine.count or hits.proxies[j] < (items[i] >> 1):
                 other = hits.proxies[j]
                 status = partners_insert(&self.partners[other], proxy)
+                self.listed += 1
                 hits.proxies[j] = other << 1
                 j += 1
             else:
@@ -437,7 +495,10 @@ cdef class Broadphase(TreeBase):
             return -1
         if kept:
             memcpy(items_of(mine), hits.proxies, kept * sizeof(int32_t))
+        self.listed += kept - mine.count
         mine.count = <int32_t>kept
+        if 0 <= self.listed_limit < self.listed:
+            return FAT_LIMIT
         return 0
 
     cdef int _retest(self, int32_t proxy, PairBuffer *begun, PairBuffer *ended) noexcept nogil:
@@ -459,6 +520,7 @@ cdef class Broadphase(TreeBase):
             items[k] ^= TOUCHING
             theirs = partners_find(&self.partners[other], proxy)
             theirs[0] ^= TOUCHING
+            self.touching += 1 if now else -1
             if pairs_push(begun if now else ended, t.proxies[proxy].id, t.proxies[other].id) != 0:
                 return -1
         return 0
@@ -575,6 +637,8 @@ cdef class Broadphase(TreeBase):
                 touching += entry & TOUCHING
         if settled and listed // 2 != self._count_fat_pairs():
             raise RuntimeError("dbvt invariant broken: pairs of overlapping fat boxes are missing")
+        if listed != self.listed or touching != 2 * self.touching:
+            raise RuntimeError("dbvt invariant broken: the counts of listed and touching pairs drifted")
 
     cdef int64_t _count_fat_pairs(self) except -1:
         cdef TreeCore *t = &self.core
@@ -669,6 +733,8 @@ cdef class Broadphase(TreeBase):
         for k in range(moved_count):
             bp.moved[k] = moved[k]
         bp.moved_count = moved_count
+        bp.listed = total
+        bp.touching = int(np.count_nonzero(items & TOUCHING)) // 2
         for a, b in ended.reshape(-1, 2):
             if pairs_push(&bp.ended, a, b) != 0:
                 raise MemoryError()

@@ -108,7 +108,8 @@ class AsyncClient:
     async def server_info(self) -> dict:
         info = await self._transport.unary("GetServerInfo", pb.GetServerInfoRequest())
         return {"version": info.version, "max_message_bytes": info.max_message_bytes,
-                "max_worlds": info.max_worlds, "max_proxies_per_world": info.max_proxies_per_world}
+                "max_worlds": info.max_worlds, "max_proxies_per_world": info.max_proxies_per_world,
+                "max_pairs_per_world": info.max_pairs_per_world}
 
     async def max_message_bytes(self) -> int:
         if self._max_message_bytes is None:
@@ -116,9 +117,10 @@ class AsyncClient:
         return self._max_message_bytes
 
     async def create_world(self, name: str, dims: int = 3, margin: float = 0.05, *, max_proxies: int | None = None,
-                           track_pairs: bool = True, exist_ok: bool = False) -> "AsyncWorld":
-        """See `Client.create_world`, `exist_ok` included."""
-        request = create_request(name, dims, margin, max_proxies, track_pairs, exist_ok)
+                           track_pairs: bool = True, exist_ok: bool = False,
+                           max_pairs: int | None = None) -> "AsyncWorld":
+        """See `Client.create_world`, `exist_ok` and `max_pairs` included."""
+        request = create_request(name, dims, margin, max_proxies, track_pairs, exist_ok, max_pairs)
         await self._transport.unary("CreateWorld", request)
         return AsyncWorld(self, name)
 

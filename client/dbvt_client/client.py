@@ -22,15 +22,16 @@ DEFAULT_MAX_PROXIES_PER_WORLD = 10_000_000
 
 def world_info(info: pb.WorldInfo) -> WorldInfo:
     return WorldInfo(name=info.name, dims=info.dims, margin=info.margin, max_proxies=info.max_proxies,
-                     proxies=info.proxies, tick=info.tick, track_pairs=info.track_pairs)
+                     proxies=info.proxies, tick=info.tick, track_pairs=info.track_pairs, max_pairs=info.max_pairs)
 
 
 # What each argument of create_world must be, for the arguments the protocol itself cannot carry.
-CREATE_ARGUMENTS = {"dims": "2 or 3", "margin": "a finite number >= 0", "max_proxies": "None or an integer >= 0"}
+CREATE_ARGUMENTS = {"dims": "2 or 3", "margin": "a finite number >= 0", "max_proxies": "None or an integer >= 0",
+                    "max_pairs": "None or an integer >= 0"}
 
 
 def create_request(name: str, dims: int, margin: float, max_proxies: int | None, track_pairs: bool,
-                   exist_ok: bool) -> pb.CreateWorldRequest:
+                   exist_ok: bool, max_pairs: int | None = None) -> pb.CreateWorldRequest:
     """The request, or InvalidArgument naming the argument it cannot hold (the service judges the rest)."""
     if not isinstance(name, str):
         raise InvalidArgument(f"create_world: the world name must be a str, not {type(name).__name__}")
@@ -39,7 +40,8 @@ def create_request(name: str, dims: int, margin: float, max_proxies: int | None,
         if not isinstance(value, (bool, np.bool_)):
             raise InvalidArgument(f"create_world: {flag} must be True or False, not {value!r}")
     request = pb.CreateWorldRequest(name=name, track_pairs=bool(track_pairs), exist_ok=bool(exist_ok))
-    for argument, value in (("dims", dims), ("margin", margin), ("max_proxies", max_proxies or 0)):
+    for argument, value in (("dims", dims), ("margin", margin), ("max_proxies", max_proxies or 0),
+                            ("max_pairs", max_pairs or 0)):
         try:
             setattr(request, argument, value)
         except (TypeError, ValueError):
@@ -86,7 +88,8 @@ class Client:
     def server_info(self) -> dict:
         info = self._transport.unary("GetServerInfo", pb.GetServerInfoRequest())
         return {"version": info.version, "max_message_bytes": info.max_message_bytes,
-                "max_worlds": info.max_worlds, "max_proxies_per_world": info.max_proxies_per_world}
+                "max_worlds": info.max_worlds, "max_proxies_per_world": info.max_proxies_per_world,
+                "max_pairs_per_world": info.max_pairs_per_world}
 
     def max_message_bytes(self) -> int:
         if self._max_message_bytes is None:
@@ -94,7 +97,7 @@ class Client:
         return self._max_message_bytes
 
     def create_world(self, name: str, dims: int = 3, margin: float = 0.05, *, max_proxies: int | None = None,
-                     track_pairs: bool = True, exist_ok: bool = False) -> "World":
+                     track_pairs: bool = True, exist_ok: bool = False, max_pairs: int | None = None) -> "World":
         """A new, empty world. `track_pairs=False` makes a query-only world: moves cost only the tree's
         work, batches report no begun or ended pairs, and `pairs()` is computed when asked.
 
@@ -102,8 +105,11 @@ class Client:
         reattaches to it, proxies and all), provided it has the same `dims`, `margin` and `track_pairs`;
         otherwise it raises `AlreadyExists` naming the difference. `max_proxies` is compared only when
         given: `None` takes the existing world's limit, whatever it is.
+
+        `max_pairs` limits the world's overlapping pairs (None: the server's limit): a batch that would
+        pass it raises `ResourceExhausted` and changes nothing. Compared on reattaching as `max_proxies` is.
         """
-        request = create_request(name, dims, margin, max_proxies, track_pairs, exist_ok)
+        request = create_request(name, dims, margin, max_proxies, track_pairs, exist_ok, max_pairs)
         self._transport.unary("CreateWorld", request)
         return World(self, name)
 

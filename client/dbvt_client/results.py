@@ -72,3 +72,4 @@ class WorldInfo:
     proxies: int
     tick: int
     track_pairs: bool
+    max_pairs: int

@@ -24,6 +24,7 @@ class Config:
     max_message_bytes: int = 64 * MIB
     max_worlds: int = 64
     max_proxies_per_world: int = 10_000_000
+    max_pairs_per_world: int = 20_000_000
     max_staged_bytes: int = 512 * MIB
     max_queued_per_world: int = 128
     keepalive_seconds: float = 30.0
@@ -90,6 +91,9 @@ SETTINGS = [
     Setting("max_worlds", "DBVT_MAX_WORLDS", int, "most worlds held at once", _positive, "must be positive"),
     Setting("max_proxies_per_world", "DBVT_MAX_PROXIES_PER_WORLD", int, "most proxies in one world",
             _positive, "must be positive"),
+    Setting("max_pairs_per_world", "DBVT_MAX_PAIRS_PER_WORLD", int,
+            "most overlapping pairs in one world (a world's own max_pairs may be lower); a batch that would pass "
+            "it is refused whole", _positive, "must be positive"),
     Setting("max_staged_bytes", "DBVT_MAX_STAGED_BYTES", int,
             "most bytes held, across all streams, for batches and query sets whose last part has not come",
             _positive, "must be positive"),

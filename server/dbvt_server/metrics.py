@@ -4,8 +4,8 @@
 Counters and the duration histogram are updated as calls end (`MetricsInterceptor`, grpc's own
 Prometheus packages do not support grpc.aio) and as batches are applied. The per-world gauges are
 read only when Prometheus scrapes (`_StateCollector`), so they cost nothing between scrapes; they
-read plain counters the world keeps, never the core's structures, which a world thread may be
-changing meanwhile.
+read plain counters the world and its core keep, never the core's structures, which a world thread
+may be changing meanwhile.
 """
 from __future__ import annotations
 
@@ -97,7 +97,7 @@ class _StateCollector:
         for name, help_text, value in (
                 ("dbvt_world_proxies", "proxies in the world", lambda world: len(world.broadphase)),
                 ("dbvt_world_pairs", "overlapping pairs in the world (0 where track_pairs is off)",
-                 lambda world: world.pairs_count),
+                 lambda world: world.broadphase.pair_count),
                 ("dbvt_world_tick", "batches applied to the world", lambda world: world.tick),
                 ("dbvt_world_queue_depth", "operations waiting for their turn on the world",
                  lambda world: depths.get(world.name, 0))):

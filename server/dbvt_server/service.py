@@ -18,16 +18,20 @@ DEFAULT_DIMS = 3
 DEFAULT_MARGIN = 0.05
 MAX_NAME_LENGTH = 128
 FLOAT32_MAX = float(np.finfo(np.float32).max)
+# The server's default limit of pairs per world (--max-pairs-per-world).
+DEFAULT_MAX_PAIRS = 20_000_000
 
 
 class Limits:
     def __init__(self, max_worlds: int, max_proxies_per_world: int, max_message_bytes: int,
-                 max_staged_bytes: int = 2**62, max_queued_per_world: int = 2**62):
+                 max_staged_bytes: int = 2**62, max_queued_per_world: int = 2**62,
+                 max_pairs_per_world: int = DEFAULT_MAX_PAIRS):
         self.max_worlds = max_worlds
         self.max_proxies_per_world = max_proxies_per_world
         self.max_message_bytes = max_message_bytes
         self.max_staged_bytes = max_staged_bytes
         self.max_queued_per_world = max_queued_per_world
+        self.max_pairs_per_world = max_pairs_per_world
 
 
 class Service:
@@ -50,7 +54,8 @@ class Service:
     def server_info(self, request: pb.GetServerInfoRequest) -> pb.GetServerInfoResponse:
         return pb.GetServerInfoResponse(version=__version__, max_message_bytes=self.limits.max_message_bytes,
                                         max_worlds=self.limits.max_worlds,
-                                        max_proxies_per_world=self.limits.max_proxies_per_world)
+                                        max_proxies_per_world=self.limits.max_proxies_per_world,
+                                        max_pairs_per_world=self.limits.max_pairs_per_world)
 
     def create_world(self, request: pb.CreateWorldRequest) -> pb.CreateWorldResponse:
         name = request.name
@@ -80,8 +85,12 @@ class Service:
         max_proxies = request.max_proxies or limit
         if max_proxies > limit:
             raise ResourceExhausted(f"max_proxies {max_proxies} is above the server's limit of {limit} per world")
+        pair_limit = self.limits.max_pairs_per_world
+        max_pairs = request.max_pairs or pair_limit
+        if max_pairs > pair_limit:
+            raise ResourceExhausted(f"max_pairs {max_pairs} is above the server's limit of {pair_limit} per world")
         track_pairs = request.track_pairs if request.HasField("track_pairs") else True
-        return dict(dims=dims, margin=margin, max_proxies=max_proxies, track_pairs=track_pairs)
+        return dict(dims=dims, margin=margin, max_proxies=max_proxies, track_pairs=track_pairs, max_pairs=max_pairs)
 
     @staticmethod
     def _reattach(world: World, request: pb.CreateWorldRequest, settings: dict) -> World:
@@ -91,7 +100,8 @@ class Service:
             raise AlreadyExists(f"a world named {quoted(world.name)} already exists "
                                 f"(exist_ok=True returns it instead)")
         differences = [f"{key}={getattr(world, key)!r}, not {value!r}" for key, value in settings.items()
-                       if getattr(world, key) != value and (key != "max_proxies" or request.max_proxies)]
+                       if getattr(world, key) != value and (key not in ("max_proxies", "max_pairs")
+                                                            or getattr(request, key))]
         if differences:
             raise AlreadyExists(f"world {quoted(world.name)} exists with {'; '.join(differences)}")
         return world

@@ -11,12 +11,15 @@ import math
 
 import numpy as np
 
-from dbvt import Broadphase, validation
+from dbvt import Broadphase, FatPairLimit, validation
 from dbvt_client import wire
 from dbvt_client.errors import InvalidArgument, ResourceExhausted, quoted
 from dbvt_proto.v1 import broadphase_pb2 as pb
 
 BATCH_OPS = ("create_ids", "move_ids", "destroy_ids")
+# The pairs of fat boxes (grown by the margin) a world may hold per pair of its limit, while a batch
+# is applied: they bound the memory and time of the update before its pairs can be counted.
+FAT_PAIRS_PER_PAIR = 4
 
 
 def pack(arr: np.ndarray, dtype: np.dtype) -> bytes:
@@ -34,21 +37,21 @@ def _renamed(exc: Exception, field: str) -> Exception:
 
 
 class World:
-    def __init__(self, name: str, dims: int, margin: float, max_proxies: int, track_pairs: bool):
+    def __init__(self, name: str, dims: int, margin: float, max_proxies: int, track_pairs: bool,
+                 max_pairs: int = 2**62):
         self.name = name
         self.max_proxies = max_proxies
+        self.max_pairs = max_pairs
         self.broadphase = Broadphase(dims=dims, margin=margin, track_pairs=track_pairs)
         self.dims = int(dims)
         self.margin = float(margin)
         self.track_pairs = bool(track_pairs)
         self.tick = 0
-        # The pairs now overlapping, kept from each batch's changes: a count anyone may read while a
-        # world thread changes the core (metrics), where the core's own statistics walk its lists.
-        self.pairs_count = 0
 
     def info(self) -> pb.WorldInfo:
         return pb.WorldInfo(name=self.name, dims=self.dims, margin=self.margin, max_proxies=self.max_proxies,
-                            proxies=len(self.broadphase), tick=self.tick, track_pairs=self.track_pairs)
+                            proxies=len(self.broadphase), tick=self.tick, track_pairs=self.track_pairs,
+                            max_pairs=self.max_pairs)
 
     def stats(self, request: pb.GetWorldStatsRequest) -> pb.GetWorldStatsResponse:
         counts, measures = {}, {}
@@ -96,6 +99,14 @@ class World:
             raise ResourceExhausted(
                 f"world {quoted(self.name)} would hold {len(bp) + n - len(destroy_ids)} proxies, "
                 f"more than its limit of {self.max_proxies}")
+        # What undoing the batch needs, should it take the world past its pair limit.
+        moved_from = np.empty_like(move_boxes) if self.track_pairs and len(move_ids) else None
+        destroyed = None
+        if self.track_pairs and len(destroy_ids):
+            try:
+                destroyed = (bp.get(destroy_ids), bp.settings(destroy_ids))
+            except (ValueError, KeyError) as exc:
+                raise _renamed(exc, "destroy") from None
         if n:
             try:
                 bp.create(create_ids, create_boxes, static=static, group=group, mask=mask)
@@ -103,7 +114,7 @@ class World:
                 raise _renamed(exc, "create") from None
         if len(move_ids):
             try:
-                bp.move(move_ids, move_boxes)
+                bp.move(move_ids, move_boxes, previous=moved_from)
             except (ValueError, KeyError) as exc:
                 raise _renamed(exc, "move") from None
         if len(destroy_ids):
@@ -111,10 +122,35 @@ class World:
                 bp.destroy(destroy_ids)
             except (ValueError, KeyError) as exc:
                 raise _renamed(exc, "destroy") from None
-        begun, ended = bp.update()
+        begun, ended = self._update_within_limit(create_ids, move_ids, moved_from, destroy_ids, destroyed)
         self.tick += 1
-        self.pairs_count += len(begun) - len(ended)
         return pb.BatchResult(tick=self.tick, begun=pack(begun, wire.IDS), ended=pack(ended, wire.IDS))
+
+    def _update_within_limit(self, create_ids, move_ids, moved_from, destroy_ids, destroyed):
+        """The batch's update(), or, when it takes the world past max_pairs, the batch undone and
+        ResourceExhausted. The core stops early once the fat boxes' pairs pass FAT_PAIRS_PER_PAIR
+        times the limit, so that boxes piled on one spot cannot fill the memory first."""
+        bp = self.broadphase
+        if not self.track_pairs:
+            return bp.update()
+        try:
+            begun, ended = bp.update(max_fat_pairs=FAT_PAIRS_PER_PAIR * self.max_pairs)
+            if bp.pair_count <= self.max_pairs:
+                return begun, ended
+            found = f"{bp.pair_count} pairs"
+        except FatPairLimit:
+            found = f"more than {FAT_PAIRS_PER_PAIR * self.max_pairs} pairs of boxes grown by the margin"
+        # Back to where the world was: the pairs are a function of the boxes and their settings.
+        if len(create_ids):
+            bp.destroy(create_ids)
+        if len(move_ids):
+            bp.move(move_ids, moved_from)
+        if len(destroy_ids):
+            boxes, (static, group, mask) = destroyed
+            bp.create(destroy_ids, boxes, static=static, group=group, mask=mask)
+        bp.update()
+        raise ResourceExhausted(f"the batch would give world {quoted(self.name)} {found}, past its limit of "
+                                f"{self.max_pairs} pairs (max_pairs); nothing of it was applied")
 
     @staticmethod
     def _ids(data: bytes, name: str) -> np.ndarray:

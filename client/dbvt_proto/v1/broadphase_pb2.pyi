@@ -86,11 +86,13 @@ class GetServerInfoResponse(_message.Message):
     MAX_MESSAGE_BYTES_FIELD_NUMBER: _builtins.int
     MAX_WORLDS_FIELD_NUMBER: _builtins.int
     MAX_PROXIES_PER_WORLD_FIELD_NUMBER: _builtins.int
+    MAX_PAIRS_PER_WORLD_FIELD_NUMBER: _builtins.int
     version: _builtins.str
     max_message_bytes: _builtins.int
     """The largest request message the server accepts, in bytes."""
     max_worlds: _builtins.int
     max_proxies_per_world: _builtins.int
+    max_pairs_per_world: _builtins.int
     def __init__(
         self,
         *,
@@ -98,10 +100,11 @@ class GetServerInfoResponse(_message.Message):
         max_message_bytes: _builtins.int = ...,
         max_worlds: _builtins.int = ...,
         max_proxies_per_world: _builtins.int = ...,
+        max_pairs_per_world: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_message_bytes", b"max_message_bytes", "max_proxies_per_world", b"max_proxies_per_world", "max_worlds", b"max_worlds", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_message_bytes", b"max_message_bytes", "max_pairs_per_world", b"max_pairs_per_world", "max_proxies_per_world", b"max_proxies_per_world", "max_worlds", b"max_worlds", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -117,6 +120,7 @@ class CreateWorldRequest(_message.Message):
     MAX_PROXIES_FIELD_NUMBER: _builtins.int
     TRACK_PAIRS_FIELD_NUMBER: _builtins.int
     EXIST_OK_FIELD_NUMBER: _builtins.int
+    MAX_PAIRS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """1 to 128 printable characters."""
     dims: _builtins.int
@@ -137,6 +141,10 @@ class CreateWorldRequest(_message.Message):
     if it has the dims, margin and track_pairs asked for (and max_proxies, when it is not 0), so that
     a restarted client can reattach, and refuses with ALREADY_EXISTS naming the difference otherwise.
     """
+    max_pairs: _builtins.int
+    """Limit on the world's overlapping pairs; 0 means the server's limit, more than it is refused. A
+    batch that would take the world past it is refused with RESOURCE_EXHAUSTED and changes nothing.
+    """
     def __init__(
         self,
         *,
@@ -146,10 +154,11 @@ class CreateWorldRequest(_message.Message):
         max_proxies: _builtins.int = ...,
         track_pairs: _builtins.bool | None = ...,
         exist_ok: _builtins.bool = ...,
+        max_pairs: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_margin", b"_margin", "_track_pairs", b"_track_pairs", "margin", b"margin", "track_pairs", b"track_pairs"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_margin", b"_margin", "_track_pairs", b"_track_pairs", "dims", b"dims", "exist_ok", b"exist_ok", "margin", b"margin", "max_proxies", b"max_proxies", "name", b"name", "track_pairs", b"track_pairs"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_margin", b"_margin", "_track_pairs", b"_track_pairs", "dims", b"dims", "exist_ok", b"exist_ok", "margin", b"margin", "max_pairs", b"max_pairs", "max_proxies", b"max_proxies", "name", b"name", "track_pairs", b"track_pairs"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__margin: _TypeAlias = _typing.Literal["margin"]  # noqa: Y015
     _WhichOneofArgType__margin: _TypeAlias = _typing.Literal["_margin", b"_margin"]  # noqa: Y015
@@ -268,6 +277,7 @@ class WorldInfo(_message.Message):
     PROXIES_FIELD_NUMBER: _builtins.int
     TICK_FIELD_NUMBER: _builtins.int
     TRACK_PAIRS_FIELD_NUMBER: _builtins.int
+    MAX_PAIRS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     dims: _builtins.int
     margin: _builtins.float
@@ -277,6 +287,7 @@ class WorldInfo(_message.Message):
     """Number of batches applied so far; 0 for a new world."""
     track_pairs: _builtins.bool
     """False for a query-only world (see CreateWorldRequest.track_pairs)."""
+    max_pairs: _builtins.int
     def __init__(
         self,
         *,
@@ -287,10 +298,11 @@ class WorldInfo(_message.Message):
         proxies: _builtins.int = ...,
         tick: _builtins.int = ...,
         track_pairs: _builtins.bool = ...,
+        max_pairs: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dims", b"dims", "margin", b"margin", "max_proxies", b"max_proxies", "name", b"name", "proxies", b"proxies", "tick", b"tick", "track_pairs", b"track_pairs"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dims", b"dims", "margin", b"margin", "max_pairs", b"max_pairs", "max_proxies", b"max_proxies", "name", b"name", "proxies", b"proxies", "tick", b"tick", "track_pairs", b"track_pairs"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

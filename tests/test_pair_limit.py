@@ -1,0 +1,124 @@
+"""A world's pair limit: a batch that would pass it is refused whole, fast and without the memory a
+pile of boxes would take, and the world is exactly as it was, through the server and in-process."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import dbvt
+from dbvt import reference
+from dbvt_client import Client, ResourceExhausted
+
+LIMIT = 1000
+
+
+def unit_boxes(n: int, at: float = 0.0) -> np.ndarray:
+    return np.tile(np.array([at, at, at, at + 1, at + 1, at + 1], np.float32), (n, 1))
+
+
+def scattered(n: int, seed: int) -> np.ndarray:
+    low = np.random.default_rng(seed).uniform(0, 60, (n, 3))
+    return np.concatenate([low, low + 2], 1).astype(np.float32)
+
+
+def state(world) -> tuple:
+    """What a refused batch must leave as it was: tick, proxies, pairs, and where every box is."""
+    info = world.info()
+    hits = world.query_aabb(np.array([[-1e6] * 3 + [1e6] * 3], np.float32))
+    boxes = scattered(50, 9)
+    return info.tick, info.proxies, world.pairs().tolist(), hits.hits.tolist(), world.query_aabb(boxes).hits.tolist()
+
+
+@pytest.mark.parametrize("margin", [0.0, 0.05])
+def test_a_batch_past_the_limit_is_refused_and_changes_nothing(client, margin):
+    world = client.create_world("limited", margin=margin, max_pairs=LIMIT)
+    assert world.info().max_pairs == LIMIT
+    ids = np.arange(1, 201, dtype=np.uint64)
+    world.apply(create=(ids, scattered(200, 1)))
+    before = state(world)
+    pile = np.arange(1000, 1100, dtype=np.uint64)          # 100 identical boxes: 4,950 pairs
+    refusals = [dict(create=(pile, unit_boxes(100))),
+                dict(move=(ids[:100], unit_boxes(100, 30.0))),
+                dict(create=(pile[:60], unit_boxes(60, 30.0)), move=(ids[:60], unit_boxes(60, 30.0)),
+                     destroy=ids[150:])]
+    for batch in refusals:
+        with pytest.raises(ResourceExhausted, match=f"past its limit of {LIMIT} pairs"):
+            world.apply(**batch)
+        assert state(world) == before
+        with world.stream() as stream, pytest.raises(ResourceExhausted):
+            stream.apply(**batch)
+        assert state(world) == before
+    assert world.apply(create=(pile[:40], unit_boxes(40, 100.0))).tick == before[0] + 1    # 780 pairs fit
+
+
+def test_a_pile_is_refused_before_its_fat_pairs_fill_the_memory():
+    """The 136-million-pair batch, scaled down: a world allowed 100 pairs refuses 20,000 boxes on one
+    spot at once; the core stops after 4 times the limit of fat pairs, not after 200 million."""
+    local = dbvt.Broadphase(dims=3, margin=0.05)
+    local.create(np.arange(20_000, dtype=np.uint64), unit_boxes(20_000))
+    with pytest.raises(dbvt.FatPairLimit):
+        local.update(max_fat_pairs=400)
+    assert local.stats()["fat_pairs"] < 2 * 20_000
+    with Client.local() as client:
+        world = client.create_world("pile", max_pairs=100)
+        with pytest.raises(ResourceExhausted, match="pairs of boxes grown by the margin"):
+            world.apply(create=(np.arange(20_000, dtype=np.uint64), unit_boxes(20_000)))
+        assert (world.info().proxies, world.info().tick, len(world.pairs())) == (0, 0, 0)
+
+
+def test_limits_are_reported_and_held_to_the_servers(client):
+    assert client.server_info()["max_pairs_per_world"] == 20_000_000
+    assert client.create_world("default").info().max_pairs == 20_000_000
+    with pytest.raises(ResourceExhausted, match="max_pairs 20000001 is above the server's limit"):
+        client.create_world("greedy", max_pairs=20_000_001)
+
+
+OPS = st.sampled_from(["create", "move", "destroy", "mixed"])
+
+
+@settings(max_examples=40, deadline=None)
+@given(steps=st.lists(st.tuples(OPS, st.integers(1, 40), st.integers(0, 2**31)), min_size=1, max_size=12))
+def test_the_world_equals_a_reference_that_refuses_the_same_batches(steps):
+    """A small world with a small limit and no margin (so fat pairs are pairs) against the
+    brute-force reference: a batch is refused exactly when the reference would pass the limit."""
+    limit = 60
+    truth = reference.Broadphase(dims=3, margin=0.0)
+    live: list[int] = []
+    next_id = 1
+    with Client.local() as client:
+        world = client.create_world("checked", margin=0.0, max_pairs=limit)
+        for op, count, seed in steps:
+            rng = np.random.default_rng(seed)
+            batch, trial = {}, reference.Broadphase.from_bytes(truth.to_bytes())
+            if op in ("create", "mixed"):
+                ids = np.arange(next_id, next_id + count, dtype=np.uint64)
+                next_id += count
+                low = rng.uniform(0, 6, (count, 3))
+                boxes = np.concatenate([low, low + 1], 1).astype(np.float32)
+                batch["create"] = (ids, boxes)
+                trial.create(ids, boxes)
+            if op in ("move", "mixed") and live:
+                moved = rng.choice(live, min(count, len(live)), replace=False).astype(np.uint64)
+                low = rng.uniform(0, 6, (len(moved), 3))
+                boxes = np.concatenate([low, low + 1], 1).astype(np.float32)
+                batch["move"] = (moved, boxes)
+                trial.move(moved, boxes)
+            if op == "destroy" and live:
+                gone = rng.choice(live, min(count, len(live)), replace=False).astype(np.uint64)
+                batch["destroy"] = gone
+                trial.destroy(gone)
+            if not batch:
+                continue
+            trial.update()
+            if len(trial.pairs()) > limit:
+                with pytest.raises(ResourceExhausted):
+                    world.apply(**batch)
+            else:
+                world.apply(**batch)
+                truth = trial
+                created = {int(i) for i in batch.get("create", ([], None))[0]}
+                live = sorted((set(live) | created) - {int(i) for i in batch.get("destroy", [])})
+            assert world.pairs().tolist() == truth.pairs().tolist()
+            assert world.info().proxies == len(live)
