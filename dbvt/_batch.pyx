@@ -7,7 +7,7 @@ from libc.stdlib cimport free, realloc
 from libc.string cimport memcpy
 
 from dbvt._core cimport (
-    PROXY_LIVE, QUERY_BOX, QUERY_FRUSTUM, QUERY_RAY, QUERY_SPHERE, Batch, Hits, IdPair, PairBuffer, Query,
+    HIT_LIMIT, PROXY_LIVE, QUERY_BOX, QUERY_FRUSTUM, QUERY_RAY, QUERY_SPHERE, Batch, Hits, IdPair, PairBuffer, Query,
     RayHit, Stack, TreeCore, hits_free, load_box, pair_allowed, stack_free, walk,
 )
 
@@ -174,21 +174,29 @@ cdef int finish_query(const TreeCore *t, const Query *q, Batch *b) noexcept nogi
 
 
 cdef int run_one(const TreeCore *t, Query *q, Batch *b) noexcept nogil:
+    """One query's hits appended to the batch: 0, -1 when memory ran out, or HIT_LIMIT when the
+    batch's hits passed b.max_hits (checked per query: one query holds at most every proxy)."""
     b.hits.count = 0
     if walk(t, q, &b.stack, &b.hits) != 0:
         return -1
-    return finish_query(t, q, b)
+    if finish_query(t, q, b) != 0:
+        return -1
+    if 0 <= b.max_hits < b.count:
+        return HIT_LIMIT
+    return 0
 
 
 cdef int run_boxes(const TreeCore *t, Query *q, const float *rows, int64_t n,
                    int64_t *offsets, Batch *b) noexcept nogil:
     cdef int64_t i
+    cdef int status
     q.kind = QUERY_BOX
     for i in range(n):
         offsets[i] = b.count
         load_box(rows + 2 * t.dims * i, t.dims, q.box)
-        if run_one(t, q, b) != 0:
-            return -1
+        status = run_one(t, q, b)
+        if status != 0:
+            return status
     offsets[n] = b.count
     return 0
 
@@ -196,6 +204,7 @@ cdef int run_boxes(const TreeCore *t, Query *q, const float *rows, int64_t n,
 cdef int run_spheres(const TreeCore *t, Query *q, const float *centers, const float *radii,
                      int64_t n, int64_t *offsets, Batch *b) noexcept nogil:
     cdef int64_t i
+    cdef int status
     cdef int k
     q.kind = QUERY_SPHERE
     for i in range(n):
@@ -204,8 +213,9 @@ cdef int run_spheres(const TreeCore *t, Query *q, const float *centers, const fl
         for k in range(t.dims):
             q.center[k] = centers[t.dims * i + k]
         q.radius_sq = <double>radii[i] * <double>radii[i]
-        if run_one(t, q, b) != 0:
-            return -1
+        status = run_one(t, q, b)
+        if status != 0:
+            return status
     offsets[n] = b.count
     return 0
 
@@ -213,6 +223,7 @@ cdef int run_spheres(const TreeCore *t, Query *q, const float *centers, const fl
 cdef int run_segments(const TreeCore *t, Query *q, const float *rows, int64_t n,
                       int64_t *offsets, Batch *b) noexcept nogil:
     cdef int64_t i
+    cdef int status
     cdef int k
     cdef const float *row
     q.kind = QUERY_RAY
@@ -229,8 +240,9 @@ cdef int run_segments(const TreeCore *t, Query *q, const float *rows, int64_t n,
             if q.delta[k] != 0.0:
                 q.inv_delta[k] = 1.0 / q.delta[k]
         q.best_fraction = INFINITY
-        if run_one(t, q, b) != 0:
-            return -1
+        status = run_one(t, q, b)
+        if status != 0:
+            return status
     offsets[n] = b.count
     return 0
 
@@ -238,6 +250,7 @@ cdef int run_segments(const TreeCore *t, Query *q, const float *rows, int64_t n,
 cdef int run_frusta(const TreeCore *t, Query *q, const float *planes, int64_t n, int32_t k,
                     int64_t *offsets, Batch *b) noexcept nogil:
     cdef int64_t i
+    cdef int status
     cdef int j
     cdef const float *plane
     q.kind = QUERY_FRUSTUM
@@ -250,8 +263,9 @@ cdef int run_frusta(const TreeCore *t, Query *q, const float *planes, int64_t n,
             q.planes[j][1] = plane[1]
             q.planes[j][2] = plane[2] if t.dims == 3 else 0.0
             q.planes[j][3] = plane[t.dims]
-        if run_one(t, q, b) != 0:
-            return -1
+        status = run_one(t, q, b)
+        if status != 0:
+            return status
     offsets[n] = b.count
     return 0
 

@@ -21,6 +21,7 @@ cdef enum:
     NULL_REF = -2147483647 - 1     # no node; leaves are ~proxy (< 0), so the null must lie outside
     MAX_PLANES = 32
     PREFETCH_AHEAD = 8              # rows a batch working through random memory fetches ahead, per stage
+    HIT_LIMIT = 2                   # a status: a batch of queries stopped at its Batch.max_hits
 
 # Proxy.flags bits
 cdef enum:
@@ -124,6 +125,7 @@ ctypedef struct Batch:              # the working memory and growing CSR output 
     int64_t capacity
     RayHit *ray_hits                # scratch for sorting one ray's hits
     int64_t ray_capacity
+    int64_t max_hits                # past this many hits the batch stops (HIT_LIMIT); -1: no limit
 
 
 cdef int core_init(TreeCore *t, int32_t dims, float margin) noexcept nogil

@@ -20,6 +20,8 @@ cdef object pair_array(PairBuffer *buffer)
 
 cdef class TreeBase:
     cdef TreeCore core
+    # Past this many hits in one call, a query call stops and raises HitLimit; -1: no limit.
+    cdef public int64_t max_hits
 
     cdef object _existing(self, object ids)
     cdef object _check_new(self, object ids)

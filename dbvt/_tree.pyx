@@ -13,7 +13,7 @@ from dbvt import validation
 
 from dbvt._batch cimport batch_free, pairs_free, run_boxes, run_frusta, run_segments, run_spheres, self_pairs
 from dbvt._core cimport (
-    PREFETCH_AHEAD, PROXY_FLAGS, PROXY_LIVE, PROXY_SEEN, Batch, IdPair, Node, PairBuffer, Proxy, Query, TreeCore,
+    HIT_LIMIT, PREFETCH_AHEAD, PROXY_FLAGS, PROXY_LIVE, PROXY_SEEN, Batch, IdPair, Node, PairBuffer, Proxy, Query, TreeCore,
     cache_costs, core_add, core_area_ratio, core_bulk_insert, core_check, core_find, core_free, core_height,
     core_init, core_memory, core_move, core_prefetch_find, core_rebuild, core_remove,
     core_reserve, load_box, rehash,
@@ -34,8 +34,14 @@ _HEADER = struct.Struct("<4sIIif7i")
 _BYTE_ORDER_MARK = 0x01020304
 
 
-cdef inline void start_batch(Batch *b, Query *q, uint32_t mask, const uint32_t *groups, bint first_hit):
+class HitLimit(Exception):
+    """A call's queries hit more proxies than the structure's `max_hits` allows; nothing is returned."""
+
+
+cdef inline void start_batch(Batch *b, Query *q, uint32_t mask, const uint32_t *groups, bint first_hit,
+                             int64_t max_hits):
     memset(b, 0, sizeof(Batch))
+    b.max_hits = max_hits
     q.mask = mask
     q.groups = groups
     q.first_hit = first_hit
@@ -44,7 +50,10 @@ cdef inline void start_batch(Batch *b, Query *q, uint32_t mask, const uint32_t *
 cdef object csr(Batch *b, int status, object offsets, bint with_fractions):
     """Hand a batch's output to numpy (one copy) and free it; status -1 means memory ran out."""
     if status != 0:
+        limit = b.max_hits
         batch_free(b)
+        if status == HIT_LIMIT:
+            raise HitLimit(f"the queries hit more than {limit} proxies (max_hits)")
         raise MemoryError()
     hits = np.empty(b.count, np.uint64)
     cdef uint64_t[::1] hit_view = hits
@@ -74,6 +83,7 @@ cdef object pair_array(PairBuffer *buffer):
 cdef class TreeBase:
     def __cinit__(self, *args, **kwargs):
         core_init(&self.core, 3, 0.0)
+        self.max_hits = -1
 
     def __dealloc__(self):
         core_free(&self.core)
@@ -216,7 +226,7 @@ cdef class TreeBase:
         cdef Batch batch
         cdef Query q
         cdef int status
-        start_batch(&batch, &q, mask, groups, False)
+        start_batch(&batch, &q, mask, groups, False, self.max_hits)
         with nogil:
             status = run_boxes(&self.core, &q, first, n, &off[0], &batch)
         return csr(&batch, status, offsets, False)
@@ -232,7 +242,7 @@ cdef class TreeBase:
         cdef Batch batch
         cdef Query q
         cdef int status
-        start_batch(&batch, &q, mask, groups, False)
+        start_batch(&batch, &q, mask, groups, False, self.max_hits)
         with nogil:
             status = run_spheres(&self.core, &q, first, first_radius, n, &off[0], &batch)
         return csr(&batch, status, offsets, False)
@@ -246,7 +256,7 @@ cdef class TreeBase:
         cdef Batch batch
         cdef Query q
         cdef int status
-        start_batch(&batch, &q, mask, groups, first_hit)
+        start_batch(&batch, &q, mask, groups, first_hit, self.max_hits)
         with nogil:
             status = run_segments(&self.core, &q, first, n, &off[0], &batch)
         return csr(&batch, status, offsets, True)
@@ -262,7 +272,7 @@ cdef class TreeBase:
         cdef Batch batch
         cdef Query q
         cdef int status
-        start_batch(&batch, &q, mask, groups, False)
+        start_batch(&batch, &q, mask, groups, False, self.max_hits)
         with nogil:
             status = run_frusta(&self.core, &q, first, n, k, &off[0], &batch)
         return csr(&batch, status, offsets, False)

@@ -109,7 +109,7 @@ class AsyncClient:
         info = await self._transport.unary("GetServerInfo", pb.GetServerInfoRequest())
         return {"version": info.version, "max_message_bytes": info.max_message_bytes,
                 "max_worlds": info.max_worlds, "max_proxies_per_world": info.max_proxies_per_world,
-                "max_pairs_per_world": info.max_pairs_per_world}
+                "max_pairs_per_world": info.max_pairs_per_world, "max_hits_per_call": info.max_hits_per_call}
 
     async def max_message_bytes(self) -> int:
         if self._max_message_bytes is None:

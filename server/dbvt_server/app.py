@@ -100,7 +100,8 @@ async def create_server(config: Config) -> Running:
     rejections = Rejections()
     executor = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="dbvt-world")
     limits = Limits(config.max_worlds, config.max_proxies_per_world, config.max_message_bytes,
-                    config.max_staged_bytes, config.max_queued_per_world, config.max_pairs_per_world)
+                    config.max_staged_bytes, config.max_queued_per_world, config.max_pairs_per_world,
+                    config.max_hits_per_call)
     servicer = BroadphaseServicer(Service(limits), executor, rejections)
     interceptors = []
     if config.metrics_address:

@@ -25,6 +25,7 @@ class Config:
     max_worlds: int = 64
     max_proxies_per_world: int = 10_000_000
     max_pairs_per_world: int = 20_000_000
+    max_hits_per_call: int = 25_000_000
     max_staged_bytes: int = 512 * MIB
     max_queued_per_world: int = 128
     keepalive_seconds: float = 30.0
@@ -94,6 +95,9 @@ SETTINGS = [
     Setting("max_pairs_per_world", "DBVT_MAX_PAIRS_PER_WORLD", int,
             "most overlapping pairs in one world (a world's own max_pairs may be lower); a batch that would pass "
             "it is refused whole", _positive, "must be positive"),
+    Setting("max_hits_per_call", "DBVT_MAX_HITS_PER_CALL", int,
+            "most hits one query call may return (8 bytes each); past it the call is refused before its answer "
+            "is built", _positive, "must be positive"),
     Setting("max_staged_bytes", "DBVT_MAX_STAGED_BYTES", int,
             "most bytes held, across all streams, for batches and query sets whose last part has not come",
             _positive, "must be positive"),

@@ -18,20 +18,23 @@ DEFAULT_DIMS = 3
 DEFAULT_MARGIN = 0.05
 MAX_NAME_LENGTH = 128
 FLOAT32_MAX = float(np.finfo(np.float32).max)
-# The server's default limit of pairs per world (--max-pairs-per-world).
+# The server's default limits of pairs per world and hits per query call (--max-pairs-per-world,
+# --max-hits-per-call).
 DEFAULT_MAX_PAIRS = 20_000_000
+DEFAULT_MAX_HITS = 25_000_000
 
 
 class Limits:
     def __init__(self, max_worlds: int, max_proxies_per_world: int, max_message_bytes: int,
                  max_staged_bytes: int = 2**62, max_queued_per_world: int = 2**62,
-                 max_pairs_per_world: int = DEFAULT_MAX_PAIRS):
+                 max_pairs_per_world: int = DEFAULT_MAX_PAIRS, max_hits_per_call: int = DEFAULT_MAX_HITS):
         self.max_worlds = max_worlds
         self.max_proxies_per_world = max_proxies_per_world
         self.max_message_bytes = max_message_bytes
         self.max_staged_bytes = max_staged_bytes
         self.max_queued_per_world = max_queued_per_world
         self.max_pairs_per_world = max_pairs_per_world
+        self.max_hits_per_call = max_hits_per_call
 
 
 class Service:
@@ -55,7 +58,8 @@ class Service:
         return pb.GetServerInfoResponse(version=__version__, max_message_bytes=self.limits.max_message_bytes,
                                         max_worlds=self.limits.max_worlds,
                                         max_proxies_per_world=self.limits.max_proxies_per_world,
-                                        max_pairs_per_world=self.limits.max_pairs_per_world)
+                                        max_pairs_per_world=self.limits.max_pairs_per_world,
+                                        max_hits_per_call=self.limits.max_hits_per_call)
 
     def create_world(self, request: pb.CreateWorldRequest) -> pb.CreateWorldResponse:
         name = request.name
@@ -67,7 +71,7 @@ class Service:
                                           created=False)
         if len(self._worlds) >= self.limits.max_worlds:
             raise ResourceExhausted(f"the server already holds its limit of {self.limits.max_worlds} worlds")
-        world = World(name, **settings)
+        world = World(name, **settings, max_hits=self.limits.max_hits_per_call)
         self._worlds[name] = world
         return pb.CreateWorldResponse(world=world.info(), created=True)
 

@@ -7,11 +7,12 @@ serialize the calls on one world (the server with one lock per world).
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import numpy as np
 
-from dbvt import Broadphase, FatPairLimit, validation
+from dbvt import Broadphase, FatPairLimit, HitLimit, validation
 from dbvt_client import wire
 from dbvt_client.errors import InvalidArgument, ResourceExhausted, quoted
 from dbvt_proto.v1 import broadphase_pb2 as pb
@@ -38,11 +39,13 @@ def _renamed(exc: Exception, field: str) -> Exception:
 
 class World:
     def __init__(self, name: str, dims: int, margin: float, max_proxies: int, track_pairs: bool,
-                 max_pairs: int = 2**62):
+                 max_pairs: int = 2**62, max_hits: int = -1):
         self.name = name
         self.max_proxies = max_proxies
         self.max_pairs = max_pairs
         self.broadphase = Broadphase(dims=dims, margin=margin, track_pairs=track_pairs)
+        # The core stops a query call past this many hits, before it has built their answer.
+        self.broadphase.max_hits = max_hits
         self.dims = int(dims)
         self.margin = float(margin)
         self.track_pairs = bool(track_pairs)
@@ -203,31 +206,44 @@ class World:
             raise _renamed(exc, op) from None
 
     # ---- queries ---------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _hit_limit(self, count: int):
+        try:
+            yield
+        except HitLimit:
+            raise ResourceExhausted(
+                f"the {count} queries hit more than {self.broadphase.max_hits} proxies, the most one call may return "
+                "(--max-hits-per-call); ask them in smaller calls") from None
+
     @staticmethod
     def _mask(request) -> int | None:
         return request.mask if request.HasField("mask") else None
 
     def query_aabb(self, request: pb.QueryAabbRequest) -> pb.QueryAabbResponse:
         boxes = self._floats(request.boxes, (request.count, 2 * self.dims), "boxes")
-        offsets, hits = self.broadphase.query_aabb(boxes, mask=self._mask(request))
+        with self._hit_limit(request.count):
+            offsets, hits = self.broadphase.query_aabb(boxes, mask=self._mask(request))
         return pb.QueryAabbResponse(tick=self.tick, offsets=pack(offsets, wire.OFFSETS), hits=pack(hits, wire.IDS))
 
     def query_sphere(self, request: pb.QuerySphereRequest) -> pb.QuerySphereResponse:
         centers = self._floats(request.centers, (request.count, self.dims), "centers")
         radii = wire.decode(request.radii, wire.FLOATS, (request.count,), "radii")
-        offsets, hits = self.broadphase.query_sphere(centers, radii, mask=self._mask(request))
+        with self._hit_limit(request.count):
+            offsets, hits = self.broadphase.query_sphere(centers, radii, mask=self._mask(request))
         return pb.QuerySphereResponse(tick=self.tick, offsets=pack(offsets, wire.OFFSETS), hits=pack(hits, wire.IDS))
 
     def raycast(self, request: pb.RaycastRequest) -> pb.RaycastResponse:
         segments = self._floats(request.segments, (request.count, 2 * self.dims), "segments")
         first_hit = request.mode == pb.RAYCAST_MODE_FIRST_HIT
-        offsets, hits, fractions = self.broadphase.raycast(segments, first_hit=first_hit, mask=self._mask(request))
+        with self._hit_limit(request.count):
+            offsets, hits, fractions = self.broadphase.raycast(segments, first_hit=first_hit, mask=self._mask(request))
         return pb.RaycastResponse(tick=self.tick, offsets=pack(offsets, wire.OFFSETS), hits=pack(hits, wire.IDS),
                                   fractions=pack(fractions, wire.FRACTIONS))
 
     def query_frustum(self, request: pb.QueryFrustumRequest) -> pb.QueryFrustumResponse:
         planes = self._floats(request.planes, (request.count, request.planes_per_query, self.dims + 1), "planes")
-        offsets, hits = self.broadphase.query_frustum(planes, mask=self._mask(request))
+        with self._hit_limit(request.count):
+            offsets, hits = self.broadphase.query_frustum(planes, mask=self._mask(request))
         return pb.QueryFrustumResponse(tick=self.tick, offsets=pack(offsets, wire.OFFSETS), hits=pack(hits, wire.IDS))
 
     def pairs(self, request: pb.GetPairsRequest) -> pb.GetPairsResponse:

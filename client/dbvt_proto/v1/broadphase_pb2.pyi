@@ -87,12 +87,15 @@ class GetServerInfoResponse(_message.Message):
     MAX_WORLDS_FIELD_NUMBER: _builtins.int
     MAX_PROXIES_PER_WORLD_FIELD_NUMBER: _builtins.int
     MAX_PAIRS_PER_WORLD_FIELD_NUMBER: _builtins.int
+    MAX_HITS_PER_CALL_FIELD_NUMBER: _builtins.int
     version: _builtins.str
     max_message_bytes: _builtins.int
     """The largest request message the server accepts, in bytes."""
     max_worlds: _builtins.int
     max_proxies_per_world: _builtins.int
     max_pairs_per_world: _builtins.int
+    max_hits_per_call: _builtins.int
+    """The most hits one query call may return: past it the call fails with RESOURCE_EXHAUSTED."""
     def __init__(
         self,
         *,
@@ -101,10 +104,11 @@ class GetServerInfoResponse(_message.Message):
         max_worlds: _builtins.int = ...,
         max_proxies_per_world: _builtins.int = ...,
         max_pairs_per_world: _builtins.int = ...,
+        max_hits_per_call: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_message_bytes", b"max_message_bytes", "max_pairs_per_world", b"max_pairs_per_world", "max_proxies_per_world", b"max_proxies_per_world", "max_worlds", b"max_worlds", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_hits_per_call", b"max_hits_per_call", "max_message_bytes", b"max_message_bytes", "max_pairs_per_world", b"max_pairs_per_world", "max_proxies_per_world", b"max_proxies_per_world", "max_worlds", b"max_worlds", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
