@@ -189,3 +189,26 @@ def test_the_async_client_joins_parts_too(server):
             await client.delete_world("async-pile")
 
     asyncio.run(drive())
+
+
+def test_a_bad_query_set_gets_a_clear_status_and_holds_nothing(server):
+    box = np.array([0, 0, 0, 1, 1, 1], "<f4").tobytes()
+    aabb = pb.QueryRequest(aabb=pb.QueryAabbRequest(world="sets", count=1, boxes=box))
+    sphere = pb.QueryRequest(sphere=pb.QuerySphereRequest(world="sets", count=1, centers=box[:12],
+                                                          radii=np.float32(1).tobytes()))
+    masked = pb.QueryRequest(aabb=pb.QueryAabbRequest(world="sets", count=1, boxes=box, mask=1))
+    with Client(server.target) as client:
+        client.create_world("sets")
+    with grpc.insecure_channel(server.target) as channel:
+        query = pb_grpc.BroadphaseServiceStub(channel).Query
+        for parts_sent, message in (([aabb, sphere], "part 1 of the query set holds sphere, not aabb"),
+                                    ([pb.QueryRequest()], "part 0 of the query set holds no query"),
+                                    ([], "the query set has no parts"),
+                                    ([aabb, masked], "part 1 of the query set differs from part 0")):
+            with pytest.raises(grpc.RpcError) as refused:
+                list(query(iter(parts_sent), timeout=30))
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert message in refused.value.details()
+    assert server.running.service.staged.value == 0
+    with Client(server.target) as client:
+        client.delete_world("sets")

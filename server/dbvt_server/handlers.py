@@ -6,6 +6,7 @@ the handler), and `after(context, state, failure)` at the end, however the call 
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 from typing import Callable
 
@@ -35,10 +36,22 @@ def wrapped(handler: grpc.RpcMethodHandler, before: Callable, after: Callable | 
     """`handler`, its behavior run between `before(context) -> state` and
     `after(context, state, failure)` (failure: the exception that ended the call, or None)."""
     behavior = behavior_of(handler)
+
+    @contextlib.contextmanager
+    def around(context):
+        state, failure = before(context), None
+        try:
+            yield
+        except BaseException as exc:
+            failure = exc
+            raise
+        finally:
+            if after is not None:
+                after(context, state, failure)
+
     if handler.response_streaming:
         async def streaming(request, context):
-            state, failure = before(context), None
-            try:
+            with around(context):
                 answers = behavior(request, context)
                 if inspect.isasyncgen(answers):
                     async for answer in answers:
@@ -46,25 +59,12 @@ def wrapped(handler: grpc.RpcMethodHandler, before: Callable, after: Callable | 
                 else:
                     # A handler that writes with context.write() and returns nothing.
                     await answers
-            except BaseException as exc:
-                failure = exc
-                raise
-            finally:
-                if after is not None:
-                    after(context, state, failure)
 
         return replaced(handler, streaming)
 
     async def unary(request, context):
-        state, failure = before(context), None
-        try:
+        with around(context):
             answer = behavior(request, context)
             return await answer if inspect.isawaitable(answer) else answer
-        except BaseException as exc:
-            failure = exc
-            raise
-        finally:
-            if after is not None:
-                after(context, state, failure)
 
     return replaced(handler, unary)

@@ -25,7 +25,7 @@ from dbvt_server import access, handlers
 from dbvt_server.logs import Rejections, shown
 from dbvt_server.memory import give_back
 from dbvt_server.service import Service
-from dbvt_server.staging import STAGED_BYTES_PER_PROXY, BatchStaging, stream_error, unfinished_error
+from dbvt_server.staging import STAGED_BYTES_PER_PROXY, BatchStaging, Hold, stream_error, unfinished_error
 from dbvt_server.world_queue import WorldQueue
 from dbvt_server.worlds import WORLD_RPCS, World
 
@@ -63,6 +63,9 @@ class BroadphaseServicer(pb_grpc.BroadphaseServiceServicer):
         self._executor = executor
         self._rejections = rejections
         self._queues: weakref.WeakKeyDictionary[World, WorldQueue] = weakref.WeakKeyDictionary()
+        # What each world RPC runs on the world's thread: the worlds' own, but batches through
+        # apply_batch, which also counts them for the metrics.
+        self._world_functions = {**WORLD_RPCS, "ApplyBatch": self.apply_batch}
 
     def apply(self, world: World, batch: pb.Batch) -> pb.BatchResult:
         """On the world's thread: a batch applied, and counted when metrics are on."""
@@ -103,8 +106,8 @@ class BroadphaseServicer(pb_grpc.BroadphaseServiceServicer):
         try:
             _decoded(request)
             access.require(RIGHTS[method], request.world)
-            function = self.apply_batch if method == "ApplyBatch" else WORLD_RPCS[method]
-            return await self._start(self.service.world(request.world), function, request, _deadline(context))
+            return await self._start(self.service.world(request.world), self._world_functions[method], request,
+                                     _deadline(context))
         except Exception as exc:
             await self._abort(context, method, request, exc)
 
@@ -215,21 +218,21 @@ class BroadphaseServicer(pb_grpc.BroadphaseServiceServicer):
 
     async def Query(self, request_iterator, context):
         """The parts of a query set, joined, answered at one tick as one operation on the world, in parts."""
-        # The bytes the set took from the staging budget, given back however the call ends.
-        kind, held = None, [0]
+        # The set's bytes count against the staging budget until the call ends, however it ends.
+        kind, hold = None, self.service.staged.hold()
         try:
             try:
-                kind, request = await self._query_set(request_iterator, held)
+                kind, request = await self._query_set(request_iterator, hold)
             except Exception as exc:
                 await self._abort(context, QUERY_KINDS.get(kind, "Query"), None, exc)
             async for part in self._answer_in_parts(QUERY_KINDS[kind], request, context, parts.PART_OVERHEAD):
                 yield pb.QueryResponse(**{kind: part})
         finally:
-            self.service.staged.give_back(held[0])
+            hold.release()
 
-    async def _query_set(self, request_iterator, held: list[int]) -> tuple[str, object]:
-        """The query kind and the one request its parts make. Its bytes count as staged, in held[0],
-        and a set is bounded as a staged batch is."""
+    async def _query_set(self, request_iterator, hold: Hold) -> tuple[str, object]:
+        """The query kind and the one request its parts make, their bytes taken into `hold`; a set is
+        bounded as a staged batch is."""
         kind, pieces = None, []
         limit = STAGED_BYTES_PER_PROXY * self.service.limits.max_proxies_per_world
         async for request in request_iterator:
@@ -240,9 +243,8 @@ class BroadphaseServicer(pb_grpc.BroadphaseServiceServicer):
                                       f"not {kind or 'a query'}; every part must hold the same kind")
             kind = part_kind
             pieces.append(getattr(request, kind))
-            self.service.staged.take(request.ByteSize(), f"part {len(pieces) - 1} of a query set")
-            held[0] += request.ByteSize()
-            if held[0] > limit:
+            hold.take(request.ByteSize(), f"part {len(pieces) - 1} of a query set")
+            if hold.size > limit:
                 raise ResourceExhausted(f"a query set of more than {limit} bytes cannot be held "
                                         "(as a batch of a world of the server's limit of proxies could need)")
         if not pieces:

@@ -41,16 +41,34 @@ class StagedBytes:
         with self._lock:
             self.value -= size
 
+    def hold(self) -> "Hold":
+        return Hold(self)
+
+
+class Hold:
+    """What one batch or query set holds of the budget, given back all at once."""
+
+    def __init__(self, budget: StagedBytes):
+        self._budget = budget
+        self.size = 0
+
+    def take(self, size: int, what: str) -> None:
+        self._budget.take(size, what)
+        self.size += size
+
+    def release(self) -> None:
+        self._budget.give_back(self.size)
+        self.size = 0
+
 
 class BatchStaging:
     """The parts of one multi-part batch of a stream, until its last part arrives."""
 
     def __init__(self, max_proxies_per_world: int, budget: StagedBytes):
         self._limit = max_proxies_per_world
-        self._budget = budget
+        self._hold = budget.hold()
         self._key: tuple[str, int] | None = None
         self._parts: dict[str, list[bytes]] = {}
-        self._held = 0
 
     def add(self, request: pb.StreamBatchesRequest) -> pb.Batch | None:
         """The whole batch once `request` is its last part, else None. Raises if the parts disagree
@@ -65,13 +83,11 @@ class BatchStaging:
                                   f"last part of batch {expected[1]} for world {quoted(expected[0])}; "
                                   f"that batch is dropped")
         self._key = key
-        size = request.batch.ByteSize()
         try:
-            self._budget.take(size, f"part of batch {request.sequence}")
+            self._hold.take(request.batch.ByteSize(), f"part of batch {request.sequence}")
         except ResourceExhausted:
             self._drop()
             raise
-        self._held += size
         for column in _COLUMNS:
             data = getattr(request.batch, column)
             if data:
@@ -96,15 +112,15 @@ class BatchStaging:
                 self._drop()
                 raise ResourceExhausted(f"a batch with more than {self._limit} {column} rows cannot be staged "
                                         f"(the server's limit of proxies per world)")
-        if self._held > STAGED_BYTES_PER_PROXY * self._limit:
+        if self._hold.size > STAGED_BYTES_PER_PROXY * self._limit:
             self._drop()
             raise ResourceExhausted(f"a batch of more than {STAGED_BYTES_PER_PROXY * self._limit} bytes cannot be "
                                     f"staged (more than a world of the server's limit of {self._limit} proxies "
                                     "could need)")
 
     def _drop(self) -> None:
-        self._budget.give_back(self._held)
-        self._key, self._parts, self._held = None, {}, 0
+        self._hold.release()
+        self._key, self._parts = None, {}
 
 
 def unfinished_error(key: tuple[str, int]) -> InvalidArgument:
