@@ -6,7 +6,7 @@ marked with whether the *tight* boxes touch. Fat boxes only change when a tight 
 so an update() queries the tree only for those proxies; every other moved proxy just re-tests its
 few listed partners' tight boxes. A destroy touches only that proxy's list.
 """
-from libc.stdint cimport int32_t, int64_t, uint32_t
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcpy, memset
 
@@ -669,31 +669,42 @@ cdef class Broadphase(TreeBase):
         return count
 
     def to_bytes(self):
-        """The tree, then per-proxy groups and masks, the partner lists, pending moves and ends."""
-        cdef int32_t i
-        cdef int64_t total = 0
+        """The tree, then per-proxy groups and masks, the partner lists, pending moves and ends.
+
+        A world's snapshot is taken on its own thread while it waits, so the copying runs in C.
+        """
+        cdef int32_t i, k
+        cdef int64_t total = 0, at = 0
         for i in range(self.slot_capacity):
             total += self.partners[i].count
-        parts = [self._tree_bytes(), _STATE.pack(self.track_pairs, self.moved_count, self.ended.count, total)]
         capacity = self.core.proxy_capacity
-        groups = np.zeros(capacity, "<u4")
-        masks = np.zeros(capacity, "<u4")
-        counts = np.zeros(capacity, "<i4")
-        items = np.empty(total, "<i4")
-        cdef int64_t at = 0
-        for i in range(self.slot_capacity):
-            groups[i] = self.groups[i]
-            masks[i] = self.masks[i]
-            counts[i] = self.partners[i].count
-            for k in range(self.partners[i].count):
-                items[at] = items_of(&self.partners[i])[k]
-                at += 1
-        moved = np.array([self.moved[k] for k in range(self.moved_count)], "<i4")
-        ended = np.array([(self.ended.pairs[k].a, self.ended.pairs[k].b) for k in range(self.ended.count)],
-                         "<u8").reshape(-1, 2)
-        parts += [groups.tobytes(), masks.tobytes(), counts.tobytes(), items.tobytes(),
-                  moved.tobytes(), ended.tobytes()]
-        return b"".join(parts)
+        groups = np.zeros(capacity, np.uint32)
+        masks = np.zeros(capacity, np.uint32)
+        counts = np.zeros(capacity, np.int32)
+        items = np.empty(total, np.int32)
+        moved = np.empty(self.moved_count, np.int32)
+        ended = np.empty((self.ended.count, 2), np.uint64)
+        cdef uint32_t[::1] group_view = groups, mask_view = masks
+        cdef int32_t[::1] count_view = counts, item_view = items, moved_view = moved
+        cdef uint64_t[:, ::1] ended_view = ended
+        cdef const int32_t *entries
+        with nogil:
+            for i in range(self.slot_capacity):
+                group_view[i] = self.groups[i]
+                mask_view[i] = self.masks[i]
+                count_view[i] = self.partners[i].count
+                entries = items_of(&self.partners[i])
+                for k in range(self.partners[i].count):
+                    item_view[at] = entries[k]
+                    at += 1
+            for k in range(self.moved_count):
+                moved_view[k] = self.moved[k]
+            for k in range(self.ended.count):
+                ended_view[k, 0] = self.ended.pairs[k].a
+                ended_view[k, 1] = self.ended.pairs[k].b
+        state = _STATE.pack(self.track_pairs, self.moved_count, self.ended.count, total)
+        return b"".join([self._tree_bytes(), state, groups.data, masks.data, counts.data, items.data,
+                         moved.data, ended.data])
 
     @classmethod
     def from_bytes(cls, data):
@@ -710,7 +721,7 @@ cdef class Broadphase(TreeBase):
         if min(sizes) < 0 or len(view) != at + sum(sizes):
             raise ValueError("corrupt dbvt broadphase data: wrong length")
         arrays = []
-        for size, dtype in zip(sizes, ["<u4", "<u4", "<i4", "<i4", "<i4", "<u8"]):
+        for size, dtype in zip(sizes, [np.uint32, np.uint32, np.int32, np.int32, np.int32, np.uint64]):
             arrays.append(np.frombuffer(view[at:at + size], dtype))
             at += size
         groups, masks, counts, items, moved, ended = arrays
@@ -719,25 +730,35 @@ cdef class Broadphase(TreeBase):
         if ((moved < 0) | (moved >= capacity)).any():
             raise ValueError("corrupt dbvt broadphase data: moved proxies out of range")
         bp._reserve(0, moved_count)
-        cdef int32_t i
-        offset = 0
-        for i in range(capacity):
-            bp.groups[i] = groups[i]
-            bp.masks[i] = masks[i]
-            if counts[i] and partners_reserve(&bp.partners[i], counts[i]) != 0:
-                raise MemoryError()
-            for k in range(counts[i]):
-                items_of(&bp.partners[i])[k] = items[offset + k]
-            bp.partners[i].count = counts[i]
-            offset += counts[i]
-        for k in range(moved_count):
-            bp.moved[k] = moved[k]
+        cdef const uint32_t[::1] group_view = groups, mask_view = masks
+        cdef const int32_t[::1] count_view = counts, item_view = items, moved_view = moved
+        cdef const uint64_t[::1] ended_view = ended
+        cdef int32_t i, k, slots = capacity
+        cdef int64_t offset = 0, e, moves = moved_count, ends = ended_count
+        cdef int failed = 0
+        cdef int32_t *entries
+        with nogil:
+            for i in range(slots):
+                bp.groups[i] = group_view[i]
+                bp.masks[i] = mask_view[i]
+                if count_view[i] and partners_reserve(&bp.partners[i], count_view[i]) != 0:
+                    failed = 1
+                    break
+                entries = items_of(&bp.partners[i])
+                for k in range(count_view[i]):
+                    entries[k] = item_view[offset + k]
+                bp.partners[i].count = count_view[i]
+                offset += count_view[i]
+            for e in range(moves):
+                bp.moved[e] = moved_view[e]
+            for e in range(ends):
+                if not failed and pairs_push(&bp.ended, ended_view[2 * e], ended_view[2 * e + 1]) != 0:
+                    failed = 1
+        if failed:
+            raise MemoryError()
         bp.moved_count = moved_count
         bp.listed = total
         bp.touching = int(np.count_nonzero(items & TOUCHING)) // 2
-        for a, b in ended.reshape(-1, 2):
-            if pairs_push(&bp.ended, a, b) != 0:
-                raise MemoryError()
         try:
             bp.validate()
         except RuntimeError as exc:
