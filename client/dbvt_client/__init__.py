@@ -14,15 +14,16 @@ from dbvt_client.aio import AsyncBatchStream, AsyncClient, AsyncWorld
 from dbvt_client.batches import Create
 from dbvt_client.client import BatchStream, Client, World
 from dbvt_client.errors import (AlreadyExists, Cancelled, DbvtError, DeadlineExceeded, FailedPrecondition, Internal,
-                                InvalidArgument, NotFound, PermissionDenied, ResourceExhausted, Unauthenticated,
-                                Unavailable, Unimplemented, Unknown)
-from dbvt_client.results import BatchResult, Hits, RayHits, WorldInfo
+                                InvalidArgument, NotFound, PermissionDenied, ResourceExhausted, TickMismatch,
+                                Unauthenticated, Unavailable, Unimplemented, Unknown)
+from dbvt_client.results import BatchResult, Hits, RayHits, Snapshot, WorldInfo
 from dbvt_client.security import TLS
 
 __all__ = [
     "Client", "World", "BatchStream", "AsyncClient", "AsyncWorld", "AsyncBatchStream", "Create", "TLS",
-    "BatchResult", "Hits", "RayHits", "WorldInfo",
+    "BatchResult", "Hits", "RayHits", "WorldInfo", "Snapshot",
     "DbvtError", "InvalidArgument", "NotFound", "AlreadyExists", "ResourceExhausted", "FailedPrecondition",
+    "TickMismatch",
     "Unavailable", "DeadlineExceeded", "Cancelled", "Unimplemented", "Internal", "Unauthenticated",
     "PermissionDenied", "Unknown",
 ]

@@ -7,11 +7,11 @@ import itertools
 
 import grpc
 
-from dbvt_client import batches, parts, queries
-from dbvt_client.client import (DEFAULT_MAX_PROXIES_PER_WORLD, DEFAULT_MAX_WORLDS, create_request, stats_dict,
-                                world_info)
+from dbvt_client import batches, parts, queries, transfer
+from dbvt_client.client import (DEFAULT_MAX_PROXIES_PER_WORLD, DEFAULT_MAX_WORLDS, create_request, server_dict,
+                                stats_dict, world_info)
 from dbvt_client.errors import (DbvtError, Unavailable, from_exception, from_rpc_error, from_stream_status)
-from dbvt_client.results import BatchResult, Hits, RayHits, WorldInfo
+from dbvt_client.results import BatchResult, Hits, RayHits, Snapshot, WorldInfo
 from dbvt_client.transport import (ANSWERED_IN_PARTS, QUERY_FIELDS, Connection, answer_too_big, local_transport,
                                    query_answer, query_set)
 from dbvt_proto.v1 import broadphase_pb2 as pb
@@ -75,6 +75,13 @@ class _AsyncGrpcTransport:
         except grpc.RpcError as error:
             raise from_rpc_error(error) from None
 
+    async def upload(self, method: str, requests: list):
+        """A client-streaming call: its parts sent, its one answer."""
+        try:
+            return await getattr(self._stub, method)(iter(requests), timeout=self._timeout, metadata=self._metadata)
+        except grpc.RpcError as error:
+            raise from_rpc_error(error) from None
+
     def open_stream(self) -> _GrpcStream:
         return _GrpcStream(self._stub, self._metadata)
 
@@ -106,10 +113,7 @@ class AsyncClient:
         await self._transport.close()
 
     async def server_info(self) -> dict:
-        info = await self._transport.unary("GetServerInfo", pb.GetServerInfoRequest())
-        return {"version": info.version, "max_message_bytes": info.max_message_bytes,
-                "max_worlds": info.max_worlds, "max_proxies_per_world": info.max_proxies_per_world,
-                "max_pairs_per_world": info.max_pairs_per_world, "max_hits_per_call": info.max_hits_per_call}
+        return server_dict(await self._transport.unary("GetServerInfo", pb.GetServerInfoRequest()))
 
     async def max_message_bytes(self) -> int:
         if self._max_message_bytes is None:
@@ -118,9 +122,9 @@ class AsyncClient:
 
     async def create_world(self, name: str, dims: int = 3, margin: float = 0.05, *, max_proxies: int | None = None,
                            track_pairs: bool = True, exist_ok: bool = False,
-                           max_pairs: int | None = None) -> "AsyncWorld":
-        """See `Client.create_world`, `exist_ok` and `max_pairs` included."""
-        request = create_request(name, dims, margin, max_proxies, track_pairs, exist_ok, max_pairs)
+                           max_pairs: int | None = None, ephemeral: bool = False) -> "AsyncWorld":
+        """See `Client.create_world`, `exist_ok`, `max_pairs` and `ephemeral` included."""
+        request = create_request(name, dims, margin, max_proxies, track_pairs, exist_ok, max_pairs, ephemeral)
         await self._transport.unary("CreateWorld", request)
         return AsyncWorld(self, name)
 
@@ -132,6 +136,13 @@ class AsyncClient:
 
     async def delete_world(self, name: str) -> None:
         await self._transport.unary("DeleteWorld", pb.DeleteWorldRequest(name=name))
+
+    async def import_world(self, name: str, source, *, ephemeral: bool = False) -> "AsyncWorld":
+        """See `Client.import_world` (the file is read on this thread)."""
+        requests = transfer.import_requests(name, transfer.read_image(source), ephemeral,
+                                            await self.max_message_bytes())
+        await self._transport.upload("ImportWorld", requests)
+        return AsyncWorld(self, name)
 
     async def _run(self, plan: queries.Plan):
         return plan.finish(await self._transport.query(plan.method, plan.requests))
@@ -148,9 +159,9 @@ class AsyncWorld:
         return f"AsyncWorld({self.name!r})"
 
     async def apply(self, create=None, move=None, destroy=None, *, static=None, group=None,
-                    mask=None) -> BatchResult:
+                    mask=None, expected_tick: int | None = None) -> BatchResult:
         ops = batches.encode(create, move, destroy, static, group, mask)
-        parts = batches.split(ops, await self._client.max_message_bytes())
+        parts = batches.split(ops, await self._client.max_message_bytes(), expected_tick)
         if len(parts) == 1:
             request = pb.ApplyBatchRequest(world=self.name, batch=parts[0])
             return batches.decode_result((await self._client._transport.unary("ApplyBatch", request)).result)
@@ -184,6 +195,17 @@ class AsyncWorld:
         request = pb.GetWorldStatsRequest(world=self.name)
         return world_info((await self._client._transport.unary("GetWorldStats", request)).world)
 
+    async def snapshot(self) -> Snapshot:
+        """See `World.snapshot`."""
+        request = pb.SnapshotWorldRequest(world=self.name)
+        return transfer.snapshot(await self._client._transport.unary("SnapshotWorld", request))
+
+    async def export(self, destination) -> WorldInfo:
+        """See `World.export` (the file is written on this thread)."""
+        response = await self._client._transport.unary("ExportWorld", pb.ExportWorldRequest(world=self.name))
+        transfer.write_image(response, destination)
+        return world_info(response.world)
+
 
 class AsyncBatchStream:
     """`BatchStream` for asyncio: `async with world.stream() as s: r = await s.apply(...)`;
@@ -208,13 +230,15 @@ class AsyncBatchStream:
         await self.close()
 
     async def submit(self, create=None, move=None, destroy=None, *, static=None, group=None,
-                     mask=None) -> asyncio.Future:
+                     mask=None, expected_tick: int | None = None) -> asyncio.Future:
         ops = batches.encode(create, move, destroy, static, group, mask)
-        return await self._submit_parts(batches.split(ops, await self._world._client.max_message_bytes()))
+        limit = await self._world._client.max_message_bytes()
+        return await self._submit_parts(batches.split(ops, limit, expected_tick))
 
     async def apply(self, create=None, move=None, destroy=None, *, static=None, group=None,
-                    mask=None) -> BatchResult:
-        return await (await self.submit(create, move, destroy, static=static, group=group, mask=mask))
+                    mask=None, expected_tick: int | None = None) -> BatchResult:
+        return await (await self.submit(create, move, destroy, static=static, group=group, mask=mask,
+                                        expected_tick=expected_tick))
 
     async def _apply_parts(self, parts: list[pb.Batch]) -> BatchResult:
         return await (await self._submit_parts(parts))

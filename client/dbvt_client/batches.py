@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from dbvt_client import wire
-from dbvt_client.errors import InvalidArgument, from_exception, from_status_number
+from dbvt_client.errors import InvalidArgument, TickMismatch, from_exception, from_status_number
 from dbvt_client.results import BatchResult
 from dbvt_proto.v1 import broadphase_pb2 as pb
 
@@ -108,8 +108,12 @@ def encode(create=None, move=None, destroy=None, static=None, group=None, mask=N
     return ops
 
 
-def split(ops: list[list[_Column]], max_message_bytes: int) -> list[pb.Batch]:
-    """Messages of at most `max_message_bytes`, each a slice of rows of every operation in turn."""
+def split(ops: list[list[_Column]], max_message_bytes: int, expected_tick: int | None = None) -> list[pb.Batch]:
+    """Messages of at most `max_message_bytes`, each a slice of rows of every operation in turn, each
+    carrying `expected_tick` when given."""
+    if expected_tick is not None and (isinstance(expected_tick, bool) or not isinstance(expected_tick, (int, np.integer))
+                                      or not 0 <= expected_tick < 2**64):
+        raise InvalidArgument(f"expected_tick must be None or an integer tick >= 0, not {expected_tick!r}")
     budget = max_message_bytes - MESSAGE_OVERHEAD
     parts: list[dict[str, bytes]] = [{}]
     room = budget
@@ -129,13 +133,15 @@ def split(ops: list[list[_Column]], max_message_bytes: int) -> list[pb.Batch]:
                 parts[-1][column.field] = column.values[start:start + take].tobytes()
             start += take
             room -= take * row_bytes
-    return [pb.Batch(**part) for part in parts]
+    tick = {} if expected_tick is None else {"expected_tick": int(expected_tick)}
+    return [pb.Batch(**part, **tick) for part in parts]
 
 
 def decode_result(result: pb.BatchResult) -> BatchResult:
     return BatchResult(tick=result.tick,
                        begun=wire.decode_rows(result.begun, wire.IDS, 2, "begun").copy(),
-                       ended=wire.decode_rows(result.ended, wire.IDS, 2, "ended").copy())
+                       ended=wire.decode_rows(result.ended, wire.IDS, 2, "ended").copy(),
+                       incarnation=result.incarnation)
 
 
 def stream_requests(world: str, sequence: int, parts: list[pb.Batch]) -> list[pb.StreamBatchesRequest]:
@@ -148,6 +154,8 @@ def settle(future, response: pb.StreamBatchesResponse) -> None:
     """Resolve a stream's future of a batch with its answer: the result, or the error it was refused
     with, or the error decoding it raised. A future its caller cancelled is left as it is."""
     try:
+        if response.status_code and response.HasField("world_tick"):
+            raise TickMismatch(response.status_message, response.world_tick, response.world_incarnation)
         if response.status_code:
             raise from_status_number(response.status_code, response.status_message)
         outcome = decode_result(response.result)

@@ -10,9 +10,9 @@ from concurrent.futures import Future
 
 import numpy as np
 
-from dbvt_client import batches, parts, queries
+from dbvt_client import batches, parts, queries, transfer
 from dbvt_client.errors import DbvtError, InvalidArgument, Unavailable, from_exception
-from dbvt_client.results import BatchResult, Hits, RayHits, WorldInfo
+from dbvt_client.results import BatchResult, Hits, RayHits, Snapshot, WorldInfo
 from dbvt_client.transport import Connection, GrpcTransport, local_transport
 from dbvt_proto.v1 import broadphase_pb2 as pb
 
@@ -22,7 +22,8 @@ DEFAULT_MAX_PROXIES_PER_WORLD = 10_000_000
 
 def world_info(info: pb.WorldInfo) -> WorldInfo:
     return WorldInfo(name=info.name, dims=info.dims, margin=info.margin, max_proxies=info.max_proxies,
-                     proxies=info.proxies, tick=info.tick, track_pairs=info.track_pairs, max_pairs=info.max_pairs)
+                     proxies=info.proxies, tick=info.tick, track_pairs=info.track_pairs, max_pairs=info.max_pairs,
+                     incarnation=info.incarnation, ephemeral=info.ephemeral)
 
 
 # What each argument of create_world must be, for the arguments the protocol itself cannot carry.
@@ -31,15 +32,16 @@ CREATE_ARGUMENTS = {"dims": "2 or 3", "margin": "a finite number >= 0", "max_pro
 
 
 def create_request(name: str, dims: int, margin: float, max_proxies: int | None, track_pairs: bool,
-                   exist_ok: bool, max_pairs: int | None = None) -> pb.CreateWorldRequest:
+                   exist_ok: bool, max_pairs: int | None = None, ephemeral: bool = False) -> pb.CreateWorldRequest:
     """The request, or InvalidArgument naming the argument it cannot hold (the service judges the rest)."""
     if not isinstance(name, str):
         raise InvalidArgument(f"create_world: the world name must be a str, not {type(name).__name__}")
-    for flag, value in (("track_pairs", track_pairs), ("exist_ok", exist_ok)):
+    for flag, value in (("track_pairs", track_pairs), ("exist_ok", exist_ok), ("ephemeral", ephemeral)):
         # Strict: protobuf would take any integer, and a truthy string would quietly mean True.
         if not isinstance(value, (bool, np.bool_)):
             raise InvalidArgument(f"create_world: {flag} must be True or False, not {value!r}")
-    request = pb.CreateWorldRequest(name=name, track_pairs=bool(track_pairs), exist_ok=bool(exist_ok))
+    request = pb.CreateWorldRequest(name=name, track_pairs=bool(track_pairs), exist_ok=bool(exist_ok),
+                                    ephemeral=bool(ephemeral))
     for argument, value in (("dims", dims), ("margin", margin), ("max_proxies", max_proxies or 0),
                             ("max_pairs", max_pairs or 0)):
         try:
@@ -48,6 +50,13 @@ def create_request(name: str, dims: int, margin: float, max_proxies: int | None,
             raise InvalidArgument(f"create_world: {argument} must be {CREATE_ARGUMENTS[argument]}, "
                                   f"not {value!r}") from None
     return request
+
+
+def server_dict(info: pb.GetServerInfoResponse) -> dict:
+    return {"version": info.version, "max_message_bytes": info.max_message_bytes,
+            "max_worlds": info.max_worlds, "max_proxies_per_world": info.max_proxies_per_world,
+            "max_pairs_per_world": info.max_pairs_per_world, "max_hits_per_call": info.max_hits_per_call,
+            "persistent": info.persistent, "fsync": info.fsync}
 
 
 def stats_dict(response: pb.GetWorldStatsResponse) -> dict:
@@ -86,10 +95,7 @@ class Client:
         self._transport.close()
 
     def server_info(self) -> dict:
-        info = self._transport.unary("GetServerInfo", pb.GetServerInfoRequest())
-        return {"version": info.version, "max_message_bytes": info.max_message_bytes,
-                "max_worlds": info.max_worlds, "max_proxies_per_world": info.max_proxies_per_world,
-                "max_pairs_per_world": info.max_pairs_per_world, "max_hits_per_call": info.max_hits_per_call}
+        return server_dict(self._transport.unary("GetServerInfo", pb.GetServerInfoRequest()))
 
     def max_message_bytes(self) -> int:
         if self._max_message_bytes is None:
@@ -97,7 +103,8 @@ class Client:
         return self._max_message_bytes
 
     def create_world(self, name: str, dims: int = 3, margin: float = 0.05, *, max_proxies: int | None = None,
-                     track_pairs: bool = True, exist_ok: bool = False, max_pairs: int | None = None) -> "World":
+                     track_pairs: bool = True, exist_ok: bool = False, max_pairs: int | None = None,
+                     ephemeral: bool = False) -> "World":
         """A new, empty world. `track_pairs=False` makes a query-only world: moves cost only the tree's
         work, batches report no begun or ended pairs, and `pairs()` is computed when asked.
 
@@ -108,8 +115,11 @@ class Client:
 
         `max_pairs` limits the world's overlapping pairs (None: the server's limit): a batch that would
         pass it raises `ResourceExhausted` and changes nothing. Compared on reattaching as `max_proxies` is.
+
+        On a server with a data directory every world is kept across restarts, unless `ephemeral=True`
+        (a throwaway match): such a world is gone when the server stops.
         """
-        request = create_request(name, dims, margin, max_proxies, track_pairs, exist_ok, max_pairs)
+        request = create_request(name, dims, margin, max_proxies, track_pairs, exist_ok, max_pairs, ephemeral)
         self._transport.unary("CreateWorld", request)
         return World(self, name)
 
@@ -122,6 +132,14 @@ class Client:
 
     def delete_world(self, name: str) -> None:
         self._transport.unary("DeleteWorld", pb.DeleteWorldRequest(name=name))
+
+    def import_world(self, name: str, source, *, ephemeral: bool = False) -> "World":
+        """A new world named `name` from an image written by `world.export()` (a path or a binary
+        file), with the image's proxies, tick and incarnation. A damaged image raises InvalidArgument
+        and creates nothing; a world of that name must not exist (AlreadyExists)."""
+        requests = transfer.import_requests(name, transfer.read_image(source), ephemeral, self.max_message_bytes())
+        self._transport.upload("ImportWorld", requests)
+        return World(self, name)
 
     def _run(self, plan: queries.Plan):
         return plan.finish(self._transport.query(plan.method, plan.requests))
@@ -137,14 +155,19 @@ class World:
     def __repr__(self) -> str:
         return f"World({self.name!r})"
 
-    def apply(self, create=None, move=None, destroy=None, *, static=None, group=None, mask=None) -> BatchResult:
+    def apply(self, create=None, move=None, destroy=None, *, static=None, group=None, mask=None,
+              expected_tick: int | None = None) -> BatchResult:
         """Apply one batch atomically as one tick: all of it or, on any error, none of it.
 
         `create=(ids, boxes)` (with `static=`, `group=`, `mask=`, each a scalar or one per row) or
         `create=Create(...)`; `move=(ids, boxes)`; `destroy=ids`. An id may appear once per batch.
+
+        `expected_tick=t` applies the batch only if the world is at tick t; otherwise it raises
+        `TickMismatch` (with the world's `tick` and `incarnation`) and changes nothing. Retrying a batch
+        whose answer was lost with the same t applies it exactly once.
         """
         ops = batches.encode(create, move, destroy, static, group, mask)
-        parts = batches.split(ops, self._client.max_message_bytes())
+        parts = batches.split(ops, self._client.max_message_bytes(), expected_tick)
         transport = self._client._transport
         if len(parts) == 1:
             response = transport.unary("ApplyBatch", pb.ApplyBatchRequest(world=self.name, batch=parts[0]))
@@ -178,6 +201,18 @@ class World:
     def info(self) -> WorldInfo:
         return world_info(self._client._transport.unary("GetWorldStats", pb.GetWorldStatsRequest(world=self.name)).world)
 
+    def snapshot(self) -> Snapshot:
+        """Write a snapshot of this world to the server's data directory now (admin); its tick."""
+        return transfer.snapshot(self._client._transport.unary("SnapshotWorld",
+                                                               pb.SnapshotWorldRequest(world=self.name)))
+
+    def export(self, destination) -> WorldInfo:
+        """Write this world's image at one tick to `destination` (a path or a binary file): what
+        `client.import_world()` takes, here or on another server. Returns the world as exported."""
+        response = self._client._transport.unary("ExportWorld", pb.ExportWorldRequest(world=self.name))
+        transfer.write_image(response, destination)
+        return world_info(response.world)
+
 
 _END = object()
 
@@ -208,12 +243,15 @@ class BatchStream:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def submit(self, create=None, move=None, destroy=None, *, static=None, group=None, mask=None) -> Future:
+    def submit(self, create=None, move=None, destroy=None, *, static=None, group=None, mask=None,
+               expected_tick: int | None = None) -> Future:
         ops = batches.encode(create, move, destroy, static, group, mask)
-        return self._submit_parts(batches.split(ops, self._world._client.max_message_bytes()))
+        return self._submit_parts(batches.split(ops, self._world._client.max_message_bytes(), expected_tick))
 
-    def apply(self, create=None, move=None, destroy=None, *, static=None, group=None, mask=None) -> BatchResult:
-        return self.submit(create, move, destroy, static=static, group=group, mask=mask).result()
+    def apply(self, create=None, move=None, destroy=None, *, static=None, group=None, mask=None,
+              expected_tick: int | None = None) -> BatchResult:
+        return self.submit(create, move, destroy, static=static, group=group, mask=mask,
+                           expected_tick=expected_tick).result()
 
     def _apply_parts(self, parts: list[pb.Batch]) -> BatchResult:
         return self._submit_parts(parts).result()

@@ -18,6 +18,11 @@ class DbvtError(Exception):
         super().__init__(message)
         self.message = message
 
+    @property
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        """What the server sends as trailing metadata with this error, beside its message."""
+        return ()
+
 
 class InvalidArgument(DbvtError):
     code = grpc.StatusCode.INVALID_ARGUMENT
@@ -37,6 +42,33 @@ class ResourceExhausted(DbvtError):
 
 class FailedPrecondition(DbvtError):
     code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class TickMismatch(FailedPrecondition):
+    """`apply(..., expected_tick=t)` found the world at another tick, and applied nothing. `tick` and
+    `incarnation` are the world's: a client that lost the answer to a batch sent with expected_tick t
+    and sees tick t + 1 in the same incarnation knows that its batch went in."""
+
+    def __init__(self, message: str, tick: int, incarnation: int):
+        super().__init__(message)
+        self.tick = tick
+        self.incarnation = incarnation
+
+    @property
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        return (TICK_KEY, str(self.tick)), (INCARNATION_KEY, str(self.incarnation))
+
+    @classmethod
+    def from_metadata(cls, message: str, metadata) -> "TickMismatch | None":
+        found = dict(metadata or ())
+        if TICK_KEY not in found or INCARNATION_KEY not in found:
+            return None
+        return cls(message, int(found[TICK_KEY]), int(found[INCARNATION_KEY]))
+
+
+# Trailing metadata of a TickMismatch: the world's tick and incarnation.
+TICK_KEY = "dbvt-tick"
+INCARNATION_KEY = "dbvt-incarnation"
 
 
 class Unavailable(DbvtError):
@@ -94,6 +126,10 @@ def from_status_number(number: int, message: str) -> DbvtError:
 
 
 def from_rpc_error(error: grpc.RpcError) -> DbvtError:
+    if error.code() == grpc.StatusCode.FAILED_PRECONDITION:
+        mismatch = TickMismatch.from_metadata(error.details() or "", error.trailing_metadata())
+        if mismatch is not None:
+            return mismatch
     return from_status(error.code(), error.details() or "")
 
 

@@ -42,7 +42,8 @@ def _common(world: str, mask) -> dict:
 
 def _csr_plan(method: str, requests: list, count: int) -> Plan:
     def finish(response):
-        return Hits(*wire.decode_csr(response.offsets, response.hits, count), tick=response.tick)
+        return Hits(*wire.decode_csr(response.offsets, response.hits, count), tick=response.tick,
+                    incarnation=response.incarnation)
 
     return Plan(method, requests, finish)
 
@@ -88,7 +89,8 @@ def raycast(world: str, segments, first_hit: bool, mask, max_message_bytes: int)
 
     def finish(response):
         offsets, hits = wire.decode_csr(response.offsets, response.hits, len(arr))
-        return RayHits(offsets, hits, np.frombuffer(response.fractions, wire.FRACTIONS), tick=response.tick)
+        return RayHits(offsets, hits, np.frombuffer(response.fractions, wire.FRACTIONS), tick=response.tick,
+                       incarnation=response.incarnation)
 
     return Plan("Raycast", requests, finish)
 

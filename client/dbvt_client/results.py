@@ -10,23 +10,27 @@ import numpy as np
 class BatchResult:
     """The world's tick after the batch and the pairs that began and ended in that tick.
 
-    `begun` and `ended` are (m, 2) uint64 arrays of rows (a, b), a < b, sorted.
+    `begun` and `ended` are (m, 2) uint64 arrays of rows (a, b), a < b, sorted. `incarnation` is the
+    world's (see `WorldInfo`).
     """
 
     tick: int
     begun: np.ndarray
     ended: np.ndarray
+    incarnation: int = 0
 
 
 class Hits(tuple):
     """`(offsets, hits)` in CSR form, as `dbvt.Tree` returns it: the ids hit by query i are
-    `hits[offsets[i]:offsets[i+1]]`. Unpacks as a pair; `tick` is the world tick the answer reflects."""
+    `hits[offsets[i]:offsets[i+1]]`. Unpacks as a pair; `tick` is the world tick the answer reflects,
+    `incarnation` the world's."""
 
     tick: int
+    incarnation: int
 
-    def __new__(cls, offsets: np.ndarray, hits: np.ndarray, tick: int):
+    def __new__(cls, offsets: np.ndarray, hits: np.ndarray, tick: int, incarnation: int = 0):
         made = super().__new__(cls, (offsets, hits))
-        made.tick = tick
+        made.tick, made.incarnation = tick, incarnation
         return made
 
     @property
@@ -42,10 +46,11 @@ class RayHits(tuple):
     """`(offsets, hits, fractions)` of a raycast; `fractions` (float64) is each hit's entry fraction."""
 
     tick: int
+    incarnation: int
 
-    def __new__(cls, offsets: np.ndarray, hits: np.ndarray, fractions: np.ndarray, tick: int):
+    def __new__(cls, offsets: np.ndarray, hits: np.ndarray, fractions: np.ndarray, tick: int, incarnation: int = 0):
         made = super().__new__(cls, (offsets, hits, fractions))
-        made.tick = tick
+        made.tick, made.incarnation = tick, incarnation
         return made
 
     @property
@@ -63,7 +68,12 @@ class RayHits(tuple):
 
 @dataclass(frozen=True)
 class WorldInfo:
-    """A world's settings and size. `track_pairs` is False for a query-only world."""
+    """A world's settings and size. `track_pairs` is False for a query-only world.
+
+    `incarnation` is random, set when the world is created, and kept by restarts that restore the
+    world's whole history and by export and import; a new one means that history was lost (the world
+    was made again, or restored without the end of its journal). `ephemeral` worlds are not kept.
+    """
 
     name: str
     dims: int
@@ -73,3 +83,14 @@ class WorldInfo:
     tick: int
     track_pairs: bool
     max_pairs: int
+    incarnation: int = 0
+    ephemeral: bool = True
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A snapshot written by `world.snapshot()`: the tick it holds, the world's incarnation, its size."""
+
+    tick: int
+    incarnation: int
+    size: int

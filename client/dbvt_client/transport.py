@@ -24,7 +24,7 @@ CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_mess
 PORTLESS_SCHEMES = ("unix", "unix-abstract", "vsock")
 HOST_AND_PORT = re.compile(r"(\[[^\]]*\]|[^:\[\]]+):\d+")
 # RPCs that answer with a stream of parts of one answer.
-ANSWERED_IN_PARTS = ("ApplyBatch", "GetPairs")
+ANSWERED_IN_PARTS = ("ApplyBatch", "GetPairs", "ExportWorld")
 # Each query RPC's field in a QueryRequest, for query sets sent with Query.
 QUERY_FIELDS = {"QueryAabb": "aabb", "QuerySphere": "sphere", "Raycast": "raycast", "QueryFrustum": "frustum"}
 
@@ -114,6 +114,13 @@ class GrpcTransport:
         try:
             answers = self._stub.Query(query_set(method, requests), timeout=self._timeout, metadata=self._metadata)
             return query_answer(method, list(answers))
+        except grpc.RpcError as error:
+            raise from_rpc_error(error) from None
+
+    def upload(self, method: str, requests: list):
+        """A client-streaming call: its parts sent, its one answer."""
+        try:
+            return getattr(self._stub, method)(iter(requests), timeout=self._timeout, metadata=self._metadata)
         except grpc.RpcError as error:
             raise from_rpc_error(error) from None
 

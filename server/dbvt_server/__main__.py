@@ -24,13 +24,14 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("GRPC_VERBOSITY", "NONE")
     from dbvt_server import logs, memory
     from dbvt_server.app import PortUnavailable, serve
+    from dbvt_server.persistence import DataDirInUse
     from dbvt_server.tls import TlsFileError
 
     logs.configure(config.log_level, config.log_format)
     memory.configure()
     try:
         asyncio.run(serve(config))
-    except (PortUnavailable, TlsFileError, TokenFileError) as exc:
+    except (PortUnavailable, TlsFileError, TokenFileError, DataDirInUse) as exc:
         logging.getLogger("dbvt_server").error("%s", exc)
         return 1
     return 0

@@ -18,6 +18,7 @@ from dbvt_server.access import Access, TokenInterceptor
 from dbvt_server.config import Config, split_address
 from dbvt_server.logs import Rejections
 from dbvt_server.metrics import Metrics, MetricsEndpoint
+from dbvt_server.persistence import Store
 from dbvt_server.service import Limits, Service
 from dbvt_server.servicer import BroadphaseServicer, add_to_server
 from dbvt_server.tls import ServerTls
@@ -50,10 +51,27 @@ class Running:
     health_port: int | None = None
     metrics: Metrics | None = None
     metrics_endpoint: MetricsEndpoint | None = None
+    snapshots: asyncio.Task | None = None
 
     @property
     def service(self) -> Service:
         return self.servicer.service
+
+    def final_snapshots(self) -> None:
+        """Once no operation runs: every changed world snapshotted, so the next start replays nothing,
+        and the data directory given up."""
+        if self.snapshots is not None:
+            self.snapshots.cancel()
+        started = time.monotonic()
+        written = [world.files.snapshot(world) for world in self.service.worlds()
+                   if world.files is not None and world.tick != world.files.snapshot_tick]
+        for future in written:
+            try:
+                future.result()
+            except Exception:
+                pass  # logged where it failed; the journal is kept and replays at the next start
+        self.service.store.close()
+        log.info("snapshots of %d changed worlds written in %.2f s", len(written), time.monotonic() - started)
 
     def reload(self) -> None:
         """Re-read the certificates and the token file (SIGHUP); a bad file keeps what is in force."""
@@ -81,6 +99,8 @@ class Running:
         if waited > OVERRUN_NOTICE:
             log.warning("an operation that had started ran %.1f s past the grace period: a started batch always "
                         "completes", waited)
+        if self.service.store is not None:
+            await asyncio.to_thread(self.final_snapshots)
         self.rejections.flush()
         if self.metrics_endpoint is not None:
             self.metrics_endpoint.close()
@@ -98,11 +118,14 @@ async def create_server(config: Config) -> Running:
     tls = ServerTls(config.tls_cert, config.tls_key, config.tls_client_ca) if config.tls_cert else None
     access = Access(config.tokens) if config.tokens else None
     rejections = Rejections()
-    executor = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="dbvt-world")
     limits = Limits(config.max_worlds, config.max_proxies_per_world, config.max_message_bytes,
                     config.max_staged_bytes, config.max_queued_per_world, config.max_pairs_per_world,
                     config.max_hits_per_call)
-    servicer = BroadphaseServicer(Service(limits), executor, rejections)
+    service = Service(limits, Store(config.data_dir, config.fsync) if config.data_dir else None)
+    if service.store is not None:
+        _restore(service)
+    executor = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="dbvt-world")
+    servicer = BroadphaseServicer(service, executor, rejections)
     interceptors = []
     if config.metrics_address:
         servicer.metrics = Metrics(servicer)
@@ -134,13 +157,38 @@ async def create_server(config: Config) -> Running:
             running.metrics_endpoint = _metrics_endpoint(running.metrics, config.metrics_address)
     except PortUnavailable:
         executor.shutdown()
+        if service.store is not None:
+            service.store.close()
         raise
     await server.start()
     if running.health_server is not None:
         await running.health_server.start()
+    if service.store is not None:
+        running.snapshots = asyncio.create_task(_snapshot_periodically(servicer, config.snapshot_seconds))
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     return running
+
+
+def _restore(service: Service) -> None:
+    """The data directory taken (DataDirInUse when another server has it) and its worlds restored,
+    before anything listens: health says SERVING only once they all are."""
+    store = service.store
+    store.open()
+    started = time.monotonic()
+    try:
+        restored = service.restore()
+    except BaseException:
+        store.close()
+        raise
+    log.info("restored %d worlds from %s in %.2f s (fsync %s)", len(restored), store.path,
+             time.monotonic() - started, store.fsync)
+
+
+async def _snapshot_periodically(servicer: BroadphaseServicer, seconds: float) -> None:
+    while True:
+        await asyncio.sleep(seconds)
+        servicer.snapshot_changed_worlds()
 
 
 def _metrics_endpoint(metrics: Metrics, address: str) -> MetricsEndpoint:

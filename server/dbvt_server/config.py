@@ -42,6 +42,9 @@ class Config:
     reflection: str = "on"
     health_port: int | None = None
     metrics_address: str | None = None
+    data_dir: str | None = None
+    fsync: str = "everysec"
+    snapshot_seconds: float = 60.0
 
     @property
     def exposed(self) -> bool:
@@ -140,6 +143,17 @@ SETTINGS = [
             "HOST:PORT serving Prometheus metrics at /metrics, and /healthz and /readyz, over HTTP",
             lambda address: split_address(address) is not None, "must be HOST:PORT, such as 0.0.0.0:9464",
             stated_default="none, off"),
+    Setting("data_dir", "DBVT_DATA_DIR", str,
+            "directory where worlds are kept across restarts (snapshots and a journal per world); one server "
+            "per directory", stated_default="none, worlds live in memory only"),
+    Setting("fsync", "DBVT_FSYNC", str,
+            "with --data-dir: always (every batch on disk before its answer), everysec (a power loss loses at most "
+            "the last second), or no (the system decides); a killed process loses no answered batch with any",
+            lambda value: value in ("always", "everysec", "no"), "must be always, everysec or no"),
+    Setting("snapshot_seconds", "DBVT_SNAPSHOT_SECONDS", float,
+            "with --data-dir: snapshot every world changed since its last snapshot this often (also on SIGTERM, "
+            "and when a journal outgrows its snapshot)", lambda seconds: math.isfinite(seconds) and seconds > 0,
+            "must be a finite number > 0"),
 ]
 
 # Settings that mean nothing without another one.

@@ -42,6 +42,14 @@ class LocalTransport:
             raise from_exception(exc) from None
         return self.unary(method, request)
 
+    def upload(self, method: str, requests: list):
+        """A client-streaming call (ImportWorld) whose parts are all here."""
+        with self._lock:
+            try:
+                return self.service.import_world(requests)
+            except Exception as exc:
+                raise from_exception(exc) from None
+
     def stream(self, requests: Iterable[pb.StreamBatchesRequest]) -> Iterator[pb.StreamBatchesResponse]:
         staging = self.staging()
         try:
@@ -116,6 +124,9 @@ class AsyncLocalTransport:
 
     async def query(self, method: str, requests: list):
         return await asyncio.to_thread(self._local.query, method, requests)
+
+    async def upload(self, method: str, requests: list):
+        return await asyncio.to_thread(self._local.upload, method, requests)
 
     def open_stream(self) -> _LocalStream:
         return _LocalStream(self._local)

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from dbvt_client.errors import AlreadyExists, InvalidArgument, NotFound, ResourceExhausted, quoted
+from dbvt_client.errors import (AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted,
+                                quoted)
 from dbvt_proto.v1 import broadphase_pb2 as pb
-from dbvt_server import __version__
+from dbvt_server import __version__, images
+from dbvt_server.persistence import Store, new_incarnation
 from dbvt_server.staging import StagedBytes
 from dbvt_server.worlds import WORLD_RPCS, World
 
@@ -38,9 +40,13 @@ class Limits:
 
 
 class Service:
-    def __init__(self, limits: Limits):
+    def __init__(self, limits: Limits, store: Store | None = None):
         self.limits = limits
+        # The data directory, when worlds are kept across restarts (--data-dir).
+        self.store = store
         self._worlds: dict[str, World] = {}
+        # Names of worlds being imported: taken, though the worlds are not there yet.
+        self._arriving: set[str] = set()
         # What every stream and query set holds while its parts arrive.
         self.staged = StagedBytes(limits.max_staged_bytes)
 
@@ -59,21 +65,34 @@ class Service:
                                         max_worlds=self.limits.max_worlds,
                                         max_proxies_per_world=self.limits.max_proxies_per_world,
                                         max_pairs_per_world=self.limits.max_pairs_per_world,
-                                        max_hits_per_call=self.limits.max_hits_per_call)
+                                        max_hits_per_call=self.limits.max_hits_per_call,
+                                        persistent=self.store is not None,
+                                        fsync=self.store.fsync if self.store else "")
 
     def create_world(self, request: pb.CreateWorldRequest) -> pb.CreateWorldResponse:
         name = request.name
-        if not 1 <= len(name) <= MAX_NAME_LENGTH or not name.isprintable():
-            raise InvalidArgument(f"world name must be 1 to {MAX_NAME_LENGTH} printable characters, not {quoted(name)}")
+        self._check_name(name)
         settings = self._settings(request)
         if name in self._worlds:
             return pb.CreateWorldResponse(world=self._reattach(self._worlds[name], request, settings).info(),
                                           created=False)
-        if len(self._worlds) >= self.limits.max_worlds:
-            raise ResourceExhausted(f"the server already holds its limit of {self.limits.max_worlds} worlds")
-        world = World(name, **settings, max_hits=self.limits.max_hits_per_call)
+        self._check_room(name)
+        world = World(name, **settings, max_hits=self.limits.max_hits_per_call, incarnation=new_incarnation())
+        if not world.ephemeral:
+            world.files = self.store.create(world)
         self._worlds[name] = world
         return pb.CreateWorldResponse(world=world.info(), created=True)
+
+    @staticmethod
+    def _check_name(name: str) -> None:
+        if not 1 <= len(name) <= MAX_NAME_LENGTH or not name.isprintable():
+            raise InvalidArgument(f"world name must be 1 to {MAX_NAME_LENGTH} printable characters, not {quoted(name)}")
+
+    def _check_room(self, name: str) -> None:
+        if name in self._arriving:
+            raise AlreadyExists(f"a world named {quoted(name)} is being imported")
+        if len(self._worlds) + len(self._arriving) >= self.limits.max_worlds:
+            raise ResourceExhausted(f"the server already holds its limit of {self.limits.max_worlds} worlds")
 
     def _settings(self, request: pb.CreateWorldRequest) -> dict:
         """The world's settings asked for, defaults filled in, or the error naming a bad one."""
@@ -94,7 +113,10 @@ class Service:
         if max_pairs > pair_limit:
             raise ResourceExhausted(f"max_pairs {max_pairs} is above the server's limit of {pair_limit} per world")
         track_pairs = request.track_pairs if request.HasField("track_pairs") else True
-        return dict(dims=dims, margin=margin, max_proxies=max_proxies, track_pairs=track_pairs, max_pairs=max_pairs)
+        # Without a data directory every world is ephemeral.
+        ephemeral = request.ephemeral or self.store is None
+        return dict(dims=dims, margin=margin, max_proxies=max_proxies, track_pairs=track_pairs, max_pairs=max_pairs,
+                    ephemeral=ephemeral)
 
     @staticmethod
     def _reattach(world: World, request: pb.CreateWorldRequest, settings: dict) -> World:
@@ -111,9 +133,81 @@ class Service:
         return world
 
     def delete_world(self, request: pb.DeleteWorldRequest) -> pb.DeleteWorldResponse:
-        self.world(request.name)
+        world = self.world(request.name)
         del self._worlds[request.name]
+        if world.files is not None:
+            self.store.forget(world.files)
+            world.files.discard()
+            world.files = None
         return pb.DeleteWorldResponse()
+
+    # ---- restarts, snapshots, export and import ------------------------------------------------
+    def restore(self) -> list[World]:
+        """Every world of the data directory, back in the registry (before the server serves)."""
+        restored = self.store.restore(lambda image: World.from_image(image, self.limits.max_hits_per_call))
+        for world in restored:
+            self._worlds[world.name] = world
+        return restored
+
+    def snapshot_files(self, world: World):
+        """The world's files, or why it has none."""
+        if world.files is None:
+            why = "the server has no data directory (--data-dir)" if self.store is None else "the world is ephemeral"
+            raise FailedPrecondition(f"world {quoted(world.name)} has no snapshots: {why}")
+        return world.files
+
+    def snapshot_world(self, request: pb.SnapshotWorldRequest) -> pb.SnapshotWorldResponse:
+        """A snapshot written now (in-process: the caller holds the world still)."""
+        world = self.world(request.world)
+        tick, size = self.snapshot_files(world).snapshot(world).result()
+        return pb.SnapshotWorldResponse(tick=tick, incarnation=world.incarnation, snapshot_bytes=size)
+
+    def import_world(self, requests: list[pb.ImportWorldRequest]) -> pb.ImportWorldResponse:
+        """An import whose parts are all here (in-process)."""
+        if not requests:
+            raise InvalidArgument("the import sent no parts")
+        name = requests[0].name
+        self.import_reserve(name)
+        world = None
+        try:
+            world = self.import_build(name, requests[0].ephemeral, b"".join(request.data for request in requests))
+        finally:
+            self.import_finish(name, world)
+        return pb.ImportWorldResponse(world=world.info())
+
+    def import_reserve(self, name: str) -> None:
+        """Take the name of a world about to be imported (on the registry's thread)."""
+        self._check_name(name)
+        if name in self._worlds:
+            raise AlreadyExists(f"a world named {quoted(name)} already exists; import under another name, "
+                                "or delete it first")
+        self._check_room(name)
+        self._arriving.add(name)
+
+    def import_build(self, name: str, ephemeral: bool, data) -> World:
+        """The world an image holds, checked against the server's limits, its files written: the
+        slow part of an import, on a worker thread, for a name already reserved."""
+        try:
+            image = images.decode(data)
+        except images.ImageError as exc:
+            raise InvalidArgument(f"cannot import world {quoted(name)}: {exc}; nothing was created") from None
+        settings = image.settings
+        for key, limit in (("max_proxies", self.limits.max_proxies_per_world),
+                           ("max_pairs", self.limits.max_pairs_per_world)):
+            if settings[key] > limit:
+                raise ResourceExhausted(f"cannot import world {quoted(name)}: its {key} {settings[key]} is above "
+                                        f"this server's limit of {limit}; nothing was created")
+        world = World.from_image(image, self.limits.max_hits_per_call, name=name,
+                                 ephemeral=ephemeral or self.store is None)
+        if not world.ephemeral:
+            world.files = self.store.create(world)
+        return world
+
+    def import_finish(self, name: str, world: World | None) -> None:
+        """The reserved name freed, and the imported world (None: the import failed) registered."""
+        self._arriving.discard(name)
+        if world is not None:
+            self._worlds[name] = world
 
     def list_worlds(self, request: pb.ListWorldsRequest, visible=lambda name: True) -> pb.ListWorldsResponse:
         """The worlds, sorted by name; only those `visible(name)` accepts."""
@@ -132,4 +226,5 @@ REGISTRY_RPCS = {
     "CreateWorld": "create_world",
     "DeleteWorld": "delete_world",
     "ListWorlds": "list_worlds",
+    "SnapshotWorld": "snapshot_world",
 }

@@ -33,7 +33,8 @@ log = logging.getLogger("dbvt_server")
 
 # The right each world RPC needs on its world (a token's role grants read, write or admin).
 RIGHTS = {"GetWorldStats": "read", "QueryAabb": "read", "QuerySphere": "read", "Raycast": "read",
-          "QueryFrustum": "read", "GetPairs": "read", "ApplyBatch": "write", "StreamBatches": "write"}
+          "QueryFrustum": "read", "GetPairs": "read", "ApplyBatch": "write", "StreamBatches": "write",
+          "SnapshotWorld": "admin", "ExportWorld": "admin"}
 # The query RPCs, by the name of their field in a QueryRequest part.
 QUERY_KINDS = {"aabb": "QueryAabb", "sphere": "QuerySphere", "raycast": "Raycast", "frustum": "QueryFrustum"}
 
@@ -65,7 +66,7 @@ class BroadphaseServicer(pb_grpc.BroadphaseServiceServicer):
         self._queues: weakref.WeakKeyDictionary[World, WorldQueue] = weakref.WeakKeyDictionary()
         # What each world RPC runs on the world's thread: the worlds' own, but batches through
         # apply_batch, which also counts them for the metrics.
-        self._world_functions = {**WORLD_RPCS, "ApplyBatch": self.apply_batch}
+        self._world_functions = {**WORLD_RPCS, "ApplyBatch": self.apply_batch, "SnapshotWorld": self._snapshot}
 
     def apply(self, world: World, batch: pb.Batch) -> pb.BatchResult:
         """On the world's thread: a batch applied, and counted when metrics are on."""
@@ -137,7 +138,7 @@ class BroadphaseServicer(pb_grpc.BroadphaseServiceServicer):
 
     async def _abort(self, context, method: str, request, exc: Exception):
         error = self._rejections.log(method, getattr(request, "world", getattr(request, "name", None)), exc)
-        await context.abort(error.code, error.message)
+        await context.abort(error.code, error.message, trailing_metadata=error.metadata)
 
     async def GetServerInfo(self, request, context):
         return await self._registry_rpc("GetServerInfo", self._server_info, request, context)
@@ -215,6 +216,65 @@ class BroadphaseServicer(pb_grpc.BroadphaseServiceServicer):
     async def GetPairs(self, request, context):
         async for part in self._answer_in_parts("GetPairs", request, context):
             yield part
+
+    def _snapshot(self, world: World, request: pb.SnapshotWorldRequest):
+        """On the world's thread: its image taken; its incarnation and the future of the file being written."""
+        return world.incarnation, self.service.snapshot_files(world).snapshot(world)
+
+    async def SnapshotWorld(self, request, context):
+        incarnation, written = await self._world_rpc("SnapshotWorld", request, context)
+        try:
+            tick, size = await asyncio.wrap_future(written)
+        except Exception as exc:
+            await self._abort(context, "SnapshotWorld", request, exc)
+        return pb.SnapshotWorldResponse(tick=tick, incarnation=incarnation, snapshot_bytes=size)
+
+    def snapshot_changed_worlds(self) -> None:
+        """Every persistent world changed since its last snapshot gets one (--snapshot-seconds); a busy
+        world waits for the next round."""
+        for world in self.service.worlds():
+            if world.files is not None and world.tick != world.files.snapshot_tick:
+                try:
+                    started = self._start(world, _snapshot_if_kept, None)
+                except ResourceExhausted:
+                    continue
+                started.add_done_callback(_log_snapshot_failure)
+
+    async def ExportWorld(self, request, context):
+        """The world's image at one tick, in parts."""
+        async for part in self._answer_in_parts("ExportWorld", request, context):
+            yield part
+
+    async def ImportWorld(self, request_iterator, context):
+        """A world from the image its parts carry: held within the staging budget, decoded and checked
+        on a worker thread, and registered only when whole and valid."""
+        hold, name, reserved = self.service.staged.hold(), None, False
+        try:
+            pieces, ephemeral = [], False
+            async for request in request_iterator:
+                _decoded(request)
+                if name is None:
+                    name, ephemeral = request.name, request.ephemeral
+                    access.require("admin", name)
+                    self.service.import_reserve(name)
+                    reserved = True
+                hold.take(len(request.data), f"part {len(pieces)} of world image {quoted(name)}")
+                pieces.append(request.data)
+            if name is None:
+                raise InvalidArgument("the import sent no parts")
+            world = await asyncio.get_running_loop().run_in_executor(
+                self._executor, self.service.import_build, name, ephemeral, b"".join(pieces))
+            self.service.import_finish(name, world)
+            reserved = False
+            log.info("imported world %s at tick %d (incarnation %d, %d proxies)%s", shown(name), world.tick,
+                     world.incarnation, len(world.broadphase), _by_whom())
+            return pb.ImportWorldResponse(world=world.info())
+        except Exception as exc:
+            await self._abort(context, "ImportWorld", pb.ImportWorldRequest(name=name or ""), exc)
+        finally:
+            if reserved:
+                self.service.import_finish(name, None)
+            hold.release()
 
     async def Query(self, request_iterator, context):
         """The parts of a query set, joined, answered at one tick as one operation on the world, in parts."""
@@ -334,6 +394,17 @@ def _unless_late(function, deadline: float):
         return function(world, request)
 
     return unless_late
+
+
+def _snapshot_if_kept(world: World, request) -> None:
+    # The world may have been deleted while this waited for its turn.
+    if world.files is not None:
+        world.files.snapshot(world)
+
+
+def _log_snapshot_failure(done: asyncio.Future) -> None:
+    if not done.cancelled() and done.exception() is not None:
+        log.error("a periodic snapshot failed: %s", done.exception())
 
 
 def _by_whom() -> str:

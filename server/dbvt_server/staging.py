@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 
 from dbvt_client import wire
-from dbvt_client.errors import DbvtError, InvalidArgument, ResourceExhausted, quoted
+from dbvt_client.errors import DbvtError, InvalidArgument, ResourceExhausted, TickMismatch, quoted
 from dbvt_proto.v1 import broadphase_pb2 as pb
 
 # Generous: creating (41 bytes a row), moving (32) and destroying (8) every proxy of a full 3-D world.
@@ -97,7 +97,10 @@ class BatchStaging:
             return None
         parts = self._parts
         self._drop()
-        return pb.Batch(**{column: b"".join(chunks) for column, chunks in parts.items()})
+        whole = pb.Batch(**{column: b"".join(chunks) for column, chunks in parts.items()})
+        if request.batch.HasField("expected_tick"):
+            whole.expected_tick = request.batch.expected_tick
+        return whole
 
     def unfinished(self) -> tuple[str, int] | None:
         """The (world, sequence) of a batch whose last part has not come, its parts given back."""
@@ -130,4 +133,8 @@ def unfinished_error(key: tuple[str, int]) -> InvalidArgument:
 
 
 def stream_error(sequence: int, error: DbvtError) -> pb.StreamBatchesResponse:
-    return pb.StreamBatchesResponse(sequence=sequence, status_code=error.code.value[0], status_message=error.message)
+    response = pb.StreamBatchesResponse(sequence=sequence, status_code=error.code.value[0],
+                                        status_message=error.message)
+    if isinstance(error, TickMismatch):
+        response.world_tick, response.world_incarnation = error.tick, error.incarnation
+    return response

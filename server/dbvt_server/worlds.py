@@ -14,8 +14,9 @@ import numpy as np
 
 from dbvt import Broadphase, FatPairLimit, HitLimit, validation
 from dbvt_client import wire
-from dbvt_client.errors import InvalidArgument, ResourceExhausted, quoted
+from dbvt_client.errors import InvalidArgument, ResourceExhausted, TickMismatch, quoted
 from dbvt_proto.v1 import broadphase_pb2 as pb
+from dbvt_server import images
 
 BATCH_OPS = ("create_ids", "move_ids", "destroy_ids")
 # The pairs of fat boxes (grown by the margin) a world may hold per pair of its limit, while a batch
@@ -39,22 +40,43 @@ def _renamed(exc: Exception, field: str) -> Exception:
 
 class World:
     def __init__(self, name: str, dims: int, margin: float, max_proxies: int, track_pairs: bool,
-                 max_pairs: int = 2**62, max_hits: int = -1):
+                 max_pairs: int = 2**62, max_hits: int = -1, incarnation: int = 0, ephemeral: bool = True,
+                 broadphase: Broadphase | None = None, tick: int = 0):
         self.name = name
         self.max_proxies = max_proxies
         self.max_pairs = max_pairs
-        self.broadphase = Broadphase(dims=dims, margin=margin, track_pairs=track_pairs)
+        self.broadphase = broadphase or Broadphase(dims=dims, margin=margin, track_pairs=track_pairs)
         # The core stops a query call past this many hits, before it has built their answer.
         self.broadphase.max_hits = max_hits
         self.dims = int(dims)
         self.margin = float(margin)
         self.track_pairs = bool(track_pairs)
-        self.tick = 0
+        self.tick = tick
+        # Random at creation; a new one whenever the world's history is lost (see docs/operations.md).
+        self.incarnation = incarnation
+        self.ephemeral = ephemeral
+        # dbvt_server.persistence.WorldFiles of a world kept in the data directory: every batch is
+        # journaled before it is applied.
+        self.files = None
+
+    @classmethod
+    def from_image(cls, image, max_hits: int, name: str | None = None, ephemeral: bool = False) -> "World":
+        """The world a dbvt_server.images.Image holds, under `name` if given."""
+        settings = dict(image.settings)
+        if name is not None:
+            settings["name"] = name
+        return cls(**settings, max_hits=max_hits, ephemeral=ephemeral, broadphase=image.broadphase)
+
+    def settings(self) -> dict:
+        """What a world image keeps besides the core (dbvt_server.images.SETTINGS)."""
+        return dict(name=self.name, dims=self.dims, margin=self.margin, max_proxies=self.max_proxies,
+                    track_pairs=self.track_pairs, max_pairs=self.max_pairs, tick=self.tick,
+                    incarnation=self.incarnation)
 
     def info(self) -> pb.WorldInfo:
         return pb.WorldInfo(name=self.name, dims=self.dims, margin=self.margin, max_proxies=self.max_proxies,
                             proxies=len(self.broadphase), tick=self.tick, track_pairs=self.track_pairs,
-                            max_pairs=self.max_pairs)
+                            max_pairs=self.max_pairs, incarnation=self.incarnation, ephemeral=self.ephemeral)
 
     def stats(self, request: pb.GetWorldStatsRequest) -> pb.GetWorldStatsResponse:
         counts, measures = {}, {}
@@ -67,12 +89,26 @@ class World:
 
     # ---- batches -------------------------------------------------------------------------------
     def apply(self, batch: pb.Batch) -> pb.BatchResult:
-        """Validate the whole batch, then apply it in an order that can no longer fail, then update().
+        """Validate the whole batch, journal it (a persistent world), apply it, then update().
 
         create runs first: the core checks its own arguments before changing anything. The move and
         destroy ids are checked against the world beforehand whenever an earlier step could already
-        have changed it, and ids are distinct across the batch, so nothing after create can fail.
+        have changed it, and ids are distinct across the batch, so nothing after create can fail but
+        the pair limit, which undoes the batch. A batch refused after its journal record was written
+        has the record taken back.
         """
+        if batch.HasField("expected_tick") and batch.expected_tick != self.tick:
+            raise TickMismatch(f"world {quoted(self.name)} is at tick {self.tick} (incarnation {self.incarnation}), "
+                               f"not at the expected tick {batch.expected_tick}; nothing of the batch was applied",
+                               self.tick, self.incarnation)
+        begun, ended = self._checked_apply(batch)
+        self.tick += 1
+        if self.files is not None:
+            self.files.applied(self)
+        return pb.BatchResult(tick=self.tick, begun=pack(begun, wire.IDS), ended=pack(ended, wire.IDS),
+                              incarnation=self.incarnation)
+
+    def _checked_apply(self, batch: pb.Batch) -> tuple[np.ndarray, np.ndarray]:
         dims, bp = self.dims, self.broadphase
         create_ids = self._ids(batch.create_ids, "create_ids")
         move_ids = self._ids(batch.move_ids, "move_ids")
@@ -102,6 +138,19 @@ class World:
             raise ResourceExhausted(
                 f"world {quoted(self.name)} would hold {len(bp) + n - len(destroy_ids)} proxies, "
                 f"more than its limit of {self.max_proxies}")
+        if self.files is not None:
+            self.files.append(self, batch)
+        try:
+            return self._changed(create_ids, create_boxes, static, group, mask, move_ids, move_boxes,
+                                 destroy_ids)
+        except BaseException:
+            if self.files is not None:
+                self.files.take_back()
+            raise
+
+    def _changed(self, create_ids, create_boxes, static, group, mask, move_ids, move_boxes, destroy_ids):
+        """The checked batch applied to the core; its begun and ended pairs."""
+        bp, n = self.broadphase, len(create_ids)
         # What undoing the batch needs, should it take the world past its pair limit.
         moved_from = np.empty_like(move_boxes) if self.track_pairs and len(move_ids) else None
         destroyed = None
@@ -125,9 +174,7 @@ class World:
                 bp.destroy(destroy_ids)
             except (ValueError, KeyError) as exc:
                 raise _renamed(exc, "destroy") from None
-        begun, ended = self._update_within_limit(create_ids, move_ids, moved_from, destroy_ids, destroyed)
-        self.tick += 1
-        return pb.BatchResult(tick=self.tick, begun=pack(begun, wire.IDS), ended=pack(ended, wire.IDS))
+        return self._update_within_limit(create_ids, move_ids, moved_from, destroy_ids, destroyed)
 
     def _update_within_limit(self, create_ids, move_ids, moved_from, destroy_ids, destroyed):
         """The batch's update(), or, when it takes the world past max_pairs, the batch undone and
@@ -223,34 +270,39 @@ class World:
         boxes = self._floats(request.boxes, (request.count, 2 * self.dims), "boxes")
         with self._hit_limit(request.count):
             offsets, hits = self.broadphase.query_aabb(boxes, mask=self._mask(request))
-        return pb.QueryAabbResponse(tick=self.tick, offsets=pack(offsets, wire.OFFSETS), hits=pack(hits, wire.IDS))
+        return pb.QueryAabbResponse(tick=self.tick, incarnation=self.incarnation, offsets=pack(offsets, wire.OFFSETS), hits=pack(hits, wire.IDS))
 
     def query_sphere(self, request: pb.QuerySphereRequest) -> pb.QuerySphereResponse:
         centers = self._floats(request.centers, (request.count, self.dims), "centers")
         radii = wire.decode(request.radii, wire.FLOATS, (request.count,), "radii")
         with self._hit_limit(request.count):
             offsets, hits = self.broadphase.query_sphere(centers, radii, mask=self._mask(request))
-        return pb.QuerySphereResponse(tick=self.tick, offsets=pack(offsets, wire.OFFSETS), hits=pack(hits, wire.IDS))
+        return pb.QuerySphereResponse(tick=self.tick, incarnation=self.incarnation, offsets=pack(offsets, wire.OFFSETS), hits=pack(hits, wire.IDS))
 
     def raycast(self, request: pb.RaycastRequest) -> pb.RaycastResponse:
         segments = self._floats(request.segments, (request.count, 2 * self.dims), "segments")
         first_hit = request.mode == pb.RAYCAST_MODE_FIRST_HIT
         with self._hit_limit(request.count):
             offsets, hits, fractions = self.broadphase.raycast(segments, first_hit=first_hit, mask=self._mask(request))
-        return pb.RaycastResponse(tick=self.tick, offsets=pack(offsets, wire.OFFSETS), hits=pack(hits, wire.IDS),
+        return pb.RaycastResponse(tick=self.tick, incarnation=self.incarnation, offsets=pack(offsets, wire.OFFSETS), hits=pack(hits, wire.IDS),
                                   fractions=pack(fractions, wire.FRACTIONS))
 
     def query_frustum(self, request: pb.QueryFrustumRequest) -> pb.QueryFrustumResponse:
         planes = self._floats(request.planes, (request.count, request.planes_per_query, self.dims + 1), "planes")
         with self._hit_limit(request.count):
             offsets, hits = self.broadphase.query_frustum(planes, mask=self._mask(request))
-        return pb.QueryFrustumResponse(tick=self.tick, offsets=pack(offsets, wire.OFFSETS), hits=pack(hits, wire.IDS))
+        return pb.QueryFrustumResponse(tick=self.tick, incarnation=self.incarnation, offsets=pack(offsets, wire.OFFSETS), hits=pack(hits, wire.IDS))
 
     def pairs(self, request: pb.GetPairsRequest) -> pb.GetPairsResponse:
-        return pb.GetPairsResponse(tick=self.tick, pairs=pack(self.broadphase.pairs(), wire.IDS))
+        return pb.GetPairsResponse(tick=self.tick, incarnation=self.incarnation, pairs=pack(self.broadphase.pairs(), wire.IDS))
 
     def apply_batch(self, request: pb.ApplyBatchRequest) -> pb.ApplyBatchResponse:
         return pb.ApplyBatchResponse(result=self.apply(request.batch))
+
+    def export(self, request: pb.ExportWorldRequest) -> pb.ExportWorldResponse:
+        """The world's image (dbvt_server.images) at its current tick, which the server sends in parts."""
+        data = b"".join(images.encode(self.settings(), self.broadphase))
+        return pb.ExportWorldResponse(world=self.info(), total_bytes=len(data), data=data)
 
 
 # The RPCs that act on one world, by method name: what the server runs under that world's lock.
@@ -262,4 +314,5 @@ WORLD_RPCS = {
     "Raycast": World.raycast,
     "QueryFrustum": World.query_frustum,
     "GetPairs": World.pairs,
+    "ExportWorld": World.export,
 }

@@ -88,6 +88,8 @@ class GetServerInfoResponse(_message.Message):
     MAX_PROXIES_PER_WORLD_FIELD_NUMBER: _builtins.int
     MAX_PAIRS_PER_WORLD_FIELD_NUMBER: _builtins.int
     MAX_HITS_PER_CALL_FIELD_NUMBER: _builtins.int
+    PERSISTENT_FIELD_NUMBER: _builtins.int
+    FSYNC_FIELD_NUMBER: _builtins.int
     version: _builtins.str
     max_message_bytes: _builtins.int
     """The largest request message the server accepts, in bytes."""
@@ -96,6 +98,11 @@ class GetServerInfoResponse(_message.Message):
     max_pairs_per_world: _builtins.int
     max_hits_per_call: _builtins.int
     """The most hits one query call may return: past it the call fails with RESOURCE_EXHAUSTED."""
+    persistent: _builtins.bool
+    """Whether the server keeps worlds in a data directory across restarts, and its fsync policy
+    ("always", "everysec" or "no"; empty without a data directory).
+    """
+    fsync: _builtins.str
     def __init__(
         self,
         *,
@@ -105,10 +112,12 @@ class GetServerInfoResponse(_message.Message):
         max_proxies_per_world: _builtins.int = ...,
         max_pairs_per_world: _builtins.int = ...,
         max_hits_per_call: _builtins.int = ...,
+        persistent: _builtins.bool = ...,
+        fsync: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_hits_per_call", b"max_hits_per_call", "max_message_bytes", b"max_message_bytes", "max_pairs_per_world", b"max_pairs_per_world", "max_proxies_per_world", b"max_proxies_per_world", "max_worlds", b"max_worlds", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fsync", b"fsync", "max_hits_per_call", b"max_hits_per_call", "max_message_bytes", b"max_message_bytes", "max_pairs_per_world", b"max_pairs_per_world", "max_proxies_per_world", b"max_proxies_per_world", "max_worlds", b"max_worlds", "persistent", b"persistent", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -125,6 +134,7 @@ class CreateWorldRequest(_message.Message):
     TRACK_PAIRS_FIELD_NUMBER: _builtins.int
     EXIST_OK_FIELD_NUMBER: _builtins.int
     MAX_PAIRS_FIELD_NUMBER: _builtins.int
+    EPHEMERAL_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """1 to 128 printable characters."""
     dims: _builtins.int
@@ -149,6 +159,8 @@ class CreateWorldRequest(_message.Message):
     """Limit on the world's overlapping pairs; 0 means the server's limit, more than it is refused. A
     batch that would take the world past it is refused with RESOURCE_EXHAUSTED and changes nothing.
     """
+    ephemeral: _builtins.bool
+    """Never written to the server's data directory: for throwaway matches. Compared on reattaching."""
     def __init__(
         self,
         *,
@@ -159,10 +171,11 @@ class CreateWorldRequest(_message.Message):
         track_pairs: _builtins.bool | None = ...,
         exist_ok: _builtins.bool = ...,
         max_pairs: _builtins.int = ...,
+        ephemeral: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_margin", b"_margin", "_track_pairs", b"_track_pairs", "margin", b"margin", "track_pairs", b"track_pairs"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_margin", b"_margin", "_track_pairs", b"_track_pairs", "dims", b"dims", "exist_ok", b"exist_ok", "margin", b"margin", "max_pairs", b"max_pairs", "max_proxies", b"max_proxies", "name", b"name", "track_pairs", b"track_pairs"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_margin", b"_margin", "_track_pairs", b"_track_pairs", "dims", b"dims", "ephemeral", b"ephemeral", "exist_ok", b"exist_ok", "margin", b"margin", "max_pairs", b"max_pairs", "max_proxies", b"max_proxies", "name", b"name", "track_pairs", b"track_pairs"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__margin: _TypeAlias = _typing.Literal["margin"]  # noqa: Y015
     _WhichOneofArgType__margin: _TypeAlias = _typing.Literal["_margin", b"_margin"]  # noqa: Y015
@@ -282,6 +295,8 @@ class WorldInfo(_message.Message):
     TICK_FIELD_NUMBER: _builtins.int
     TRACK_PAIRS_FIELD_NUMBER: _builtins.int
     MAX_PAIRS_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    EPHEMERAL_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     dims: _builtins.int
     margin: _builtins.float
@@ -292,6 +307,12 @@ class WorldInfo(_message.Message):
     track_pairs: _builtins.bool
     """False for a query-only world (see CreateWorldRequest.track_pairs)."""
     max_pairs: _builtins.int
+    incarnation: _builtins.int
+    """Random, set when the world is created; kept across restarts that restore its whole history and
+    by export and import; a new value means the world's history was lost (it was made again, or
+    restored without the end of its journal).
+    """
+    ephemeral: _builtins.bool
     def __init__(
         self,
         *,
@@ -303,10 +324,12 @@ class WorldInfo(_message.Message):
         tick: _builtins.int = ...,
         track_pairs: _builtins.bool = ...,
         max_pairs: _builtins.int = ...,
+        incarnation: _builtins.int = ...,
+        ephemeral: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dims", b"dims", "margin", b"margin", "max_pairs", b"max_pairs", "max_proxies", b"max_proxies", "name", b"name", "proxies", b"proxies", "tick", b"tick", "track_pairs", b"track_pairs"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dims", b"dims", "ephemeral", b"ephemeral", "incarnation", b"incarnation", "margin", b"margin", "max_pairs", b"max_pairs", "max_proxies", b"max_proxies", "name", b"name", "proxies", b"proxies", "tick", b"tick", "track_pairs", b"track_pairs"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -419,6 +442,7 @@ class Batch(_message.Message):
     MOVE_IDS_FIELD_NUMBER: _builtins.int
     MOVE_BOXES_FIELD_NUMBER: _builtins.int
     DESTROY_IDS_FIELD_NUMBER: _builtins.int
+    EXPECTED_TICK_FIELD_NUMBER: _builtins.int
     create_ids: _builtins.bytes
     create_boxes: _builtins.bytes
     create_static: _builtins.bytes
@@ -427,6 +451,12 @@ class Batch(_message.Message):
     move_ids: _builtins.bytes
     move_boxes: _builtins.bytes
     destroy_ids: _builtins.bytes
+    expected_tick: _builtins.int
+    """When set, the batch is applied only if the world is at this tick; otherwise it is refused with
+    FAILED_PRECONDITION, trailing metadata dbvt-tick and dbvt-incarnation (the world's), and changes
+    nothing. A client that lost an answer retries with the same expected_tick and learns whether the
+    first try went in.
+    """
     def __init__(
         self,
         *,
@@ -438,12 +468,15 @@ class Batch(_message.Message):
         move_ids: _builtins.bytes = ...,
         move_boxes: _builtins.bytes = ...,
         destroy_ids: _builtins.bytes = ...,
+        expected_tick: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_expected_tick", b"_expected_tick", "expected_tick", b"expected_tick"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_boxes", b"create_boxes", "create_group", b"create_group", "create_ids", b"create_ids", "create_mask", b"create_mask", "create_static", b"create_static", "destroy_ids", b"destroy_ids", "move_boxes", b"move_boxes", "move_ids", b"move_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_tick", b"_expected_tick", "create_boxes", b"create_boxes", "create_group", b"create_group", "create_ids", b"create_ids", "create_mask", b"create_mask", "create_static", b"create_static", "destroy_ids", b"destroy_ids", "expected_tick", b"expected_tick", "move_boxes", b"move_boxes", "move_ids", b"move_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__expected_tick: _TypeAlias = _typing.Literal["expected_tick"]  # noqa: Y015
+    _WhichOneofArgType__expected_tick: _TypeAlias = _typing.Literal["_expected_tick", b"_expected_tick"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__expected_tick) -> _WhichOneofReturnType__expected_tick | None: ...
 
 Global___Batch: _TypeAlias = Batch  # noqa: Y015
 
@@ -456,19 +489,22 @@ class BatchResult(_message.Message):
     TICK_FIELD_NUMBER: _builtins.int
     BEGUN_FIELD_NUMBER: _builtins.int
     ENDED_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
     tick: _builtins.int
     begun: _builtins.bytes
     ended: _builtins.bytes
+    incarnation: _builtins.int
     def __init__(
         self,
         *,
         tick: _builtins.int = ...,
         begun: _builtins.bytes = ...,
         ended: _builtins.bytes = ...,
+        incarnation: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["begun", b"begun", "ended", b"ended", "tick", b"tick"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["begun", b"begun", "ended", b"ended", "incarnation", b"incarnation", "tick", b"tick"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -557,12 +593,19 @@ class StreamBatchesResponse(_message.Message):
     STATUS_CODE_FIELD_NUMBER: _builtins.int
     STATUS_MESSAGE_FIELD_NUMBER: _builtins.int
     MORE_PARTS_FIELD_NUMBER: _builtins.int
+    WORLD_TICK_FIELD_NUMBER: _builtins.int
+    WORLD_INCARNATION_FIELD_NUMBER: _builtins.int
     sequence: _builtins.int
     status_code: _builtins.int
     """A google.rpc.Code, 0 (OK) when the batch was applied; otherwise nothing of it was applied."""
     status_message: _builtins.str
     more_parts: _builtins.bool
     """More parts of this answer follow (same sequence): join their result's bytes columns."""
+    world_tick: _builtins.int
+    """With status FAILED_PRECONDITION for an expected_tick the world was not at: the world's tick and
+    incarnation (what trailing metadata carries for ApplyBatch).
+    """
+    world_incarnation: _builtins.int
     @_builtins.property
     def result(self) -> Global___BatchResult:
         """Set when the batch was applied."""
@@ -575,12 +618,21 @@ class StreamBatchesResponse(_message.Message):
         status_code: _builtins.int = ...,
         status_message: _builtins.str = ...,
         more_parts: _builtins.bool = ...,
+        world_tick: _builtins.int | None = ...,
+        world_incarnation: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["result", b"result"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_world_incarnation", b"_world_incarnation", "_world_tick", b"_world_tick", "result", b"result", "world_incarnation", b"world_incarnation", "world_tick", b"world_tick"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["more_parts", b"more_parts", "result", b"result", "sequence", b"sequence", "status_code", b"status_code", "status_message", b"status_message"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_world_incarnation", b"_world_incarnation", "_world_tick", b"_world_tick", "more_parts", b"more_parts", "result", b"result", "sequence", b"sequence", "status_code", b"status_code", "status_message", b"status_message", "world_incarnation", b"world_incarnation", "world_tick", b"world_tick"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__world_incarnation: _TypeAlias = _typing.Literal["world_incarnation"]  # noqa: Y015
+    _WhichOneofArgType__world_incarnation: _TypeAlias = _typing.Literal["_world_incarnation", b"_world_incarnation"]  # noqa: Y015
+    _WhichOneofReturnType__world_tick: _TypeAlias = _typing.Literal["world_tick"]  # noqa: Y015
+    _WhichOneofArgType__world_tick: _TypeAlias = _typing.Literal["_world_tick", b"_world_tick"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__world_incarnation) -> _WhichOneofReturnType__world_incarnation | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__world_tick) -> _WhichOneofReturnType__world_tick | None: ...
 
 Global___StreamBatchesResponse: _TypeAlias = StreamBatchesResponse  # noqa: Y015
 
@@ -624,20 +676,23 @@ class QueryAabbResponse(_message.Message):
     TICK_FIELD_NUMBER: _builtins.int
     OFFSETS_FIELD_NUMBER: _builtins.int
     HITS_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
     tick: _builtins.int
     """The tick the answer reflects."""
     offsets: _builtins.bytes
     hits: _builtins.bytes
+    incarnation: _builtins.int
     def __init__(
         self,
         *,
         tick: _builtins.int = ...,
         offsets: _builtins.bytes = ...,
         hits: _builtins.bytes = ...,
+        incarnation: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["hits", b"hits", "offsets", b"offsets", "tick", b"tick"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["hits", b"hits", "incarnation", b"incarnation", "offsets", b"offsets", "tick", b"tick"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -683,19 +738,22 @@ class QuerySphereResponse(_message.Message):
     TICK_FIELD_NUMBER: _builtins.int
     OFFSETS_FIELD_NUMBER: _builtins.int
     HITS_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
     tick: _builtins.int
     offsets: _builtins.bytes
     hits: _builtins.bytes
+    incarnation: _builtins.int
     def __init__(
         self,
         *,
         tick: _builtins.int = ...,
         offsets: _builtins.bytes = ...,
         hits: _builtins.bytes = ...,
+        incarnation: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["hits", b"hits", "offsets", b"offsets", "tick", b"tick"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["hits", b"hits", "incarnation", b"incarnation", "offsets", b"offsets", "tick", b"tick"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -742,11 +800,13 @@ class RaycastResponse(_message.Message):
     OFFSETS_FIELD_NUMBER: _builtins.int
     HITS_FIELD_NUMBER: _builtins.int
     FRACTIONS_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
     tick: _builtins.int
     offsets: _builtins.bytes
     hits: _builtins.bytes
     fractions: _builtins.bytes
     """Entry fraction t in [0, 1] of each hit along its segment."""
+    incarnation: _builtins.int
     def __init__(
         self,
         *,
@@ -754,10 +814,11 @@ class RaycastResponse(_message.Message):
         offsets: _builtins.bytes = ...,
         hits: _builtins.bytes = ...,
         fractions: _builtins.bytes = ...,
+        incarnation: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["fractions", b"fractions", "hits", b"hits", "offsets", b"offsets", "tick", b"tick"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fractions", b"fractions", "hits", b"hits", "incarnation", b"incarnation", "offsets", b"offsets", "tick", b"tick"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -804,19 +865,22 @@ class QueryFrustumResponse(_message.Message):
     TICK_FIELD_NUMBER: _builtins.int
     OFFSETS_FIELD_NUMBER: _builtins.int
     HITS_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
     tick: _builtins.int
     offsets: _builtins.bytes
     hits: _builtins.bytes
+    incarnation: _builtins.int
     def __init__(
         self,
         *,
         tick: _builtins.int = ...,
         offsets: _builtins.bytes = ...,
         hits: _builtins.bytes = ...,
+        incarnation: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["hits", b"hits", "offsets", b"offsets", "tick", b"tick"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["hits", b"hits", "incarnation", b"incarnation", "offsets", b"offsets", "tick", b"tick"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -919,18 +983,163 @@ class GetPairsResponse(_message.Message):
 
     TICK_FIELD_NUMBER: _builtins.int
     PAIRS_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
     tick: _builtins.int
     pairs: _builtins.bytes
+    incarnation: _builtins.int
     def __init__(
         self,
         *,
         tick: _builtins.int = ...,
         pairs: _builtins.bytes = ...,
+        incarnation: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["pairs", b"pairs", "tick", b"tick"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["incarnation", b"incarnation", "pairs", b"pairs", "tick", b"tick"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetPairsResponse: _TypeAlias = GetPairsResponse  # noqa: Y015
+
+@_typing.final
+class SnapshotWorldRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORLD_FIELD_NUMBER: _builtins.int
+    world: _builtins.str
+    def __init__(
+        self,
+        *,
+        world: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["world", b"world"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SnapshotWorldRequest: _TypeAlias = SnapshotWorldRequest  # noqa: Y015
+
+@_typing.final
+class SnapshotWorldResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TICK_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    SNAPSHOT_BYTES_FIELD_NUMBER: _builtins.int
+    tick: _builtins.int
+    """The tick the snapshot holds, and its size on disk."""
+    incarnation: _builtins.int
+    snapshot_bytes: _builtins.int
+    def __init__(
+        self,
+        *,
+        tick: _builtins.int = ...,
+        incarnation: _builtins.int = ...,
+        snapshot_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["incarnation", b"incarnation", "snapshot_bytes", b"snapshot_bytes", "tick", b"tick"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SnapshotWorldResponse: _TypeAlias = SnapshotWorldResponse  # noqa: Y015
+
+@_typing.final
+class ExportWorldRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORLD_FIELD_NUMBER: _builtins.int
+    world: _builtins.str
+    def __init__(
+        self,
+        *,
+        world: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["world", b"world"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExportWorldRequest: _TypeAlias = ExportWorldRequest  # noqa: Y015
+
+@_typing.final
+class ExportWorldResponse(_message.Message):
+    """One part of a world image: `world` (at the image's tick) and `total_bytes` in every part; the
+    parts' data, joined in order, is the image, which carries its own CRC-32.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORLD_FIELD_NUMBER: _builtins.int
+    TOTAL_BYTES_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    total_bytes: _builtins.int
+    data: _builtins.bytes
+    @_builtins.property
+    def world(self) -> Global___WorldInfo: ...
+    def __init__(
+        self,
+        *,
+        world: Global___WorldInfo | None = ...,
+        total_bytes: _builtins.int = ...,
+        data: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["world", b"world"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "total_bytes", b"total_bytes", "world", b"world"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExportWorldResponse: _TypeAlias = ExportWorldResponse  # noqa: Y015
+
+@_typing.final
+class ImportWorldRequest(_message.Message):
+    """One part of a world image to import: `name` and `ephemeral` are read from the first part."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    EPHEMERAL_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """The new world's name; a world of that name must not exist."""
+    ephemeral: _builtins.bool
+    data: _builtins.bytes
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        ephemeral: _builtins.bool = ...,
+        data: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "ephemeral", b"ephemeral", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ImportWorldRequest: _TypeAlias = ImportWorldRequest  # noqa: Y015
+
+@_typing.final
+class ImportWorldResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORLD_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def world(self) -> Global___WorldInfo: ...
+    def __init__(
+        self,
+        *,
+        world: Global___WorldInfo | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["world", b"world"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["world", b"world"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ImportWorldResponse: _TypeAlias = ImportWorldResponse  # noqa: Y015

@@ -100,6 +100,21 @@ class BroadphaseServiceStub:
                 request_serializer=dbvt__proto_dot_v1_dot_broadphase__pb2.GetPairsRequest.SerializeToString,
                 response_deserializer=dbvt__proto_dot_v1_dot_broadphase__pb2.GetPairsResponse.FromString,
                 _registered_method=True)
+        self.SnapshotWorld = channel.unary_unary(
+                '/dbvt.v1.BroadphaseService/SnapshotWorld',
+                request_serializer=dbvt__proto_dot_v1_dot_broadphase__pb2.SnapshotWorldRequest.SerializeToString,
+                response_deserializer=dbvt__proto_dot_v1_dot_broadphase__pb2.SnapshotWorldResponse.FromString,
+                _registered_method=True)
+        self.ExportWorld = channel.unary_stream(
+                '/dbvt.v1.BroadphaseService/ExportWorld',
+                request_serializer=dbvt__proto_dot_v1_dot_broadphase__pb2.ExportWorldRequest.SerializeToString,
+                response_deserializer=dbvt__proto_dot_v1_dot_broadphase__pb2.ExportWorldResponse.FromString,
+                _registered_method=True)
+        self.ImportWorld = channel.stream_unary(
+                '/dbvt.v1.BroadphaseService/ImportWorld',
+                request_serializer=dbvt__proto_dot_v1_dot_broadphase__pb2.ImportWorldRequest.SerializeToString,
+                response_deserializer=dbvt__proto_dot_v1_dot_broadphase__pb2.ImportWorldResponse.FromString,
+                _registered_method=True)
 
 
 class BroadphaseServiceServicer:
@@ -197,6 +212,29 @@ class BroadphaseServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SnapshotWorld(self, request, context):
+        """Write a snapshot of a persistent world now (admin). FAILED_PRECONDITION for an ephemeral world or
+        a server without --data-dir.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ExportWorld(self, request, context):
+        """The world at one tick as a world image (admin): in parts whose data, joined, is the image.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ImportWorld(self, request_iterator, context):
+        """A new world from a world image (admin), sent in parts: validated whole before anything is
+        created; keeps the image's tick and incarnation.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BroadphaseServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -264,6 +302,21 @@ def add_BroadphaseServiceServicer_to_server(servicer, server):
                     servicer.GetPairs,
                     request_deserializer=dbvt__proto_dot_v1_dot_broadphase__pb2.GetPairsRequest.FromString,
                     response_serializer=dbvt__proto_dot_v1_dot_broadphase__pb2.GetPairsResponse.SerializeToString,
+            ),
+            'SnapshotWorld': grpc.unary_unary_rpc_method_handler(
+                    servicer.SnapshotWorld,
+                    request_deserializer=dbvt__proto_dot_v1_dot_broadphase__pb2.SnapshotWorldRequest.FromString,
+                    response_serializer=dbvt__proto_dot_v1_dot_broadphase__pb2.SnapshotWorldResponse.SerializeToString,
+            ),
+            'ExportWorld': grpc.unary_stream_rpc_method_handler(
+                    servicer.ExportWorld,
+                    request_deserializer=dbvt__proto_dot_v1_dot_broadphase__pb2.ExportWorldRequest.FromString,
+                    response_serializer=dbvt__proto_dot_v1_dot_broadphase__pb2.ExportWorldResponse.SerializeToString,
+            ),
+            'ImportWorld': grpc.stream_unary_rpc_method_handler(
+                    servicer.ImportWorld,
+                    request_deserializer=dbvt__proto_dot_v1_dot_broadphase__pb2.ImportWorldRequest.FromString,
+                    response_serializer=dbvt__proto_dot_v1_dot_broadphase__pb2.ImportWorldResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -618,6 +671,87 @@ class BroadphaseService:
             '/dbvt.v1.BroadphaseService/GetPairs',
             dbvt__proto_dot_v1_dot_broadphase__pb2.GetPairsRequest.SerializeToString,
             dbvt__proto_dot_v1_dot_broadphase__pb2.GetPairsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SnapshotWorld(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dbvt.v1.BroadphaseService/SnapshotWorld',
+            dbvt__proto_dot_v1_dot_broadphase__pb2.SnapshotWorldRequest.SerializeToString,
+            dbvt__proto_dot_v1_dot_broadphase__pb2.SnapshotWorldResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExportWorld(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/dbvt.v1.BroadphaseService/ExportWorld',
+            dbvt__proto_dot_v1_dot_broadphase__pb2.ExportWorldRequest.SerializeToString,
+            dbvt__proto_dot_v1_dot_broadphase__pb2.ExportWorldResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ImportWorld(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/dbvt.v1.BroadphaseService/ImportWorld',
+            dbvt__proto_dot_v1_dot_broadphase__pb2.ImportWorldRequest.SerializeToString,
+            dbvt__proto_dot_v1_dot_broadphase__pb2.ImportWorldResponse.FromString,
             options,
             channel_credentials,
             insecure,

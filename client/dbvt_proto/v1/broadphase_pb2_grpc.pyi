@@ -83,6 +83,16 @@ class BroadphaseServiceStub:
     """
     GetPairs: _grpc.UnaryStreamMultiCallable[_broadphase_pb2.GetPairsRequest, _broadphase_pb2.GetPairsResponse]
     """Every current pair, in one or more parts."""
+    SnapshotWorld: _grpc.UnaryUnaryMultiCallable[_broadphase_pb2.SnapshotWorldRequest, _broadphase_pb2.SnapshotWorldResponse]
+    """Write a snapshot of a persistent world now (admin). FAILED_PRECONDITION for an ephemeral world or
+    a server without --data-dir.
+    """
+    ExportWorld: _grpc.UnaryStreamMultiCallable[_broadphase_pb2.ExportWorldRequest, _broadphase_pb2.ExportWorldResponse]
+    """The world at one tick as a world image (admin): in parts whose data, joined, is the image."""
+    ImportWorld: _grpc.StreamUnaryMultiCallable[_broadphase_pb2.ImportWorldRequest, _broadphase_pb2.ImportWorldResponse]
+    """A new world from a world image (admin), sent in parts: validated whole before anything is
+    created; keeps the image's tick and incarnation.
+    """
 
 @_typing.type_check_only
 class BroadphaseServiceAsyncStub(BroadphaseServiceStub):
@@ -118,6 +128,16 @@ class BroadphaseServiceAsyncStub(BroadphaseServiceStub):
     """
     GetPairs: _aio.UnaryStreamMultiCallable[_broadphase_pb2.GetPairsRequest, _broadphase_pb2.GetPairsResponse]  # type: ignore[assignment]
     """Every current pair, in one or more parts."""
+    SnapshotWorld: _aio.UnaryUnaryMultiCallable[_broadphase_pb2.SnapshotWorldRequest, _broadphase_pb2.SnapshotWorldResponse]  # type: ignore[assignment]
+    """Write a snapshot of a persistent world now (admin). FAILED_PRECONDITION for an ephemeral world or
+    a server without --data-dir.
+    """
+    ExportWorld: _aio.UnaryStreamMultiCallable[_broadphase_pb2.ExportWorldRequest, _broadphase_pb2.ExportWorldResponse]  # type: ignore[assignment]
+    """The world at one tick as a world image (admin): in parts whose data, joined, is the image."""
+    ImportWorld: _aio.StreamUnaryMultiCallable[_broadphase_pb2.ImportWorldRequest, _broadphase_pb2.ImportWorldResponse]  # type: ignore[assignment]
+    """A new world from a world image (admin), sent in parts: validated whole before anything is
+    created; keeps the image's tick and incarnation.
+    """
 
 class BroadphaseServiceServicer(metaclass=_abc_1.ABCMeta):
     """Worlds of proxies (boxes with user ids) that report which pairs begin and end overlapping each tick."""
@@ -228,5 +248,33 @@ class BroadphaseServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_broadphase_pb2.GetPairsResponse], _abc.AsyncIterator[_broadphase_pb2.GetPairsResponse]]:
         """Every current pair, in one or more parts."""
+
+    @_abc_1.abstractmethod
+    def SnapshotWorld(
+        self,
+        request: _broadphase_pb2.SnapshotWorldRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broadphase_pb2.SnapshotWorldResponse, _abc.Awaitable[_broadphase_pb2.SnapshotWorldResponse]]:
+        """Write a snapshot of a persistent world now (admin). FAILED_PRECONDITION for an ephemeral world or
+        a server without --data-dir.
+        """
+
+    @_abc_1.abstractmethod
+    def ExportWorld(
+        self,
+        request: _broadphase_pb2.ExportWorldRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_broadphase_pb2.ExportWorldResponse], _abc.AsyncIterator[_broadphase_pb2.ExportWorldResponse]]:
+        """The world at one tick as a world image (admin): in parts whose data, joined, is the image."""
+
+    @_abc_1.abstractmethod
+    def ImportWorld(
+        self,
+        request_iterator: _MaybeAsyncIterator[_broadphase_pb2.ImportWorldRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_broadphase_pb2.ImportWorldResponse, _abc.Awaitable[_broadphase_pb2.ImportWorldResponse]]:
+        """A new world from a world image (admin), sent in parts: validated whole before anything is
+        created; keeps the image's tick and incarnation.
+        """
 
 def add_BroadphaseServiceServicer_to_server(servicer: BroadphaseServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
