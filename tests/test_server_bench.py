@@ -55,3 +55,19 @@ def test_paired_benches_compare_a_setting_with_its_absence(capsys, command, targ
         low, high = (float(end) for end in spread.split("-"))
         assert 0 < low <= float(ratio) <= high and float(without) > 0 and float(with_it) > 0 and stated == target
     assert " run 2/2: 3 steps\n" in out.err
+
+
+def test_persist_bench_times_steps_restarts_and_snapshots(capsys):
+    argv = ["persist", "--n", "2000", "--steps", "3", "--repeats", "2", "--journaled", "20", "--snapshot-n", "3000"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[-1].startswith("load average (1/5/15 min) at end: ")
+    assert "W1: N=2000, 3 steps of 200 moves; 2 runs of each side" in out
+    for side in ("no data dir", "everysec", "always"):
+        [line] = [line for line in out.splitlines() if line.startswith(side + " ")]
+        median, mean, ratio = (float(value) for value in line[len(side):].split()[:3])
+        assert median > 0 and mean > 0 and ratio > 0
+    for ending in ("SIGKILL", "SIGTERM"):
+        [line] = [line for line in out.splitlines() if f"after {ending}: " in line]
+        assert 0 < float(line.split(": ")[1].split()[0]) < 60
+    assert "2,000 proxies" in out and "3,000 proxies" in out

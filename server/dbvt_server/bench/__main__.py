@@ -6,6 +6,7 @@
     dbvt-bench wire [DIR] [--target HOST:PORT] [--repeats R] ... the service over the wire
     dbvt-bench secured [DIR] [--repeats R] ...                 TLS and a token against plaintext
     dbvt-bench metrics [DIR] [--repeats R] ...                 metrics on against off
+    dbvt-bench persist [DIR] [--repeats R] [--journaled J] ... a data directory's cost, restarts, snapshots
 
 A benchmark given no DIR makes W1 data first, in a temporary directory, so a fresh clone needs
 nothing else. Every command prints its command line, the machine and the load average first, and
@@ -16,7 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dbvt_server.bench import console, core, paired, wire, workload
+from dbvt_server.bench import console, core, paired, persist, wire, workload
 
 COMMANDS = {
     "workload": (workload, "make W1 or W2 data with its exact answers (expected.json)"),
@@ -24,6 +25,7 @@ COMMANDS = {
     "wire": (wire, "W1 streamed through a dbvt-server, beside the in-process core"),
     "secured": (paired, "W1's streamed step and box queries with TLS and a token, against plaintext"),
     "metrics": (paired, "W1's streamed step and box queries with metrics on, against off"),
+    "persist": (persist, "W1's streamed step with a data directory, restart time, snapshot time and size"),
 }
 
 
