@@ -33,8 +33,11 @@ RUN python3 -m venv /opt/build \
 FROM ${BASE_IMAGE} AS runtime
 # Only the venv of installed wheels is carried over: no compiler, no sources, no wheel files.
 COPY --from=builder /opt/venv /opt/venv
+# /var/lib/dbvt: where a volume for DBVT_DATA_DIR goes (worlds kept across restarts), owned by
+# the server's user so that a fresh named volume mounted there is writable too.
 RUN groupadd --system --gid 10001 dbvt \
-    && useradd --system --no-create-home --shell /usr/sbin/nologin --uid 10001 --gid dbvt dbvt
+    && useradd --system --no-create-home --shell /usr/sbin/nologin --uid 10001 --gid dbvt dbvt \
+    && install -d -o 10001 -g 10001 /var/lib/dbvt
 USER 10001:10001
 # The health service alone, in plaintext, on its own port: the HEALTHCHECK and Kubernetes' native
 # gRPC probe (which has no TLS option, nor tokens) reach it whatever the main port needs. Prometheus

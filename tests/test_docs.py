@@ -5,7 +5,8 @@ What happens to a fenced block depends on its language tag:
 - ```python   run. A block that names "127.0.0.1:50051" runs against a real server (a ServerThread on a
               free port, whose address is put in its place); one that also passes `tls=` runs against
               a server with mutual TLS and tokens, in a folder holding ca.pem, client.pem and
-              client-key.pem, with an admin token in $DBVT_TOKEN. Any other block runs as written.
+              client-key.pem, with an admin token in $DBVT_TOKEN; one that calls `.snapshot()` runs
+              against a server with a data directory. Any other block runs as written.
 - ```sh       checked, not run. Each command line is cut at `&&`, `||`, `;` and `|`. Every `dbvt-server`
               command is parsed by the server's own argparse parser (`dbvt_server.config.parse`), with
               any `NAME=value` prefixes as its environment, and nothing is started (`dbvt-server
@@ -98,6 +99,8 @@ def run_python(block: Block, tmp_path: Path, monkeypatch) -> dict:
     code, server = block.code, None
     if SERVER_ADDRESS in code and "tls=" in code:
         server = secured_server(tmp_path, monkeypatch)
+    elif SERVER_ADDRESS in code and ".snapshot()" in code:
+        server = ServerThread(data_dir=str(tmp_path / "data"))
     elif SERVER_ADDRESS in code:
         server = ServerThread()
     if server is not None:

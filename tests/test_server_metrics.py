@@ -120,3 +120,24 @@ def test_an_operation_running_past_the_grace_completes_and_is_logged(caplog):
     [line] = [record.getMessage() for record in caplog.records if "past the grace period" in record.getMessage()]
     assert re.fullmatch(r"an operation that had started ran \d+\.\d s past the grace period: "
                         r"a started batch always completes", line)
+
+
+def test_a_data_directory_reports_its_journals_and_snapshots(tmp_path):
+    server = ServerThread(metrics_address="127.0.0.1:0", data_dir=str(tmp_path))
+    try:
+        port = server.running.metrics_endpoint.port
+        with Client(server.target) as client:
+            world = client.create_world("kept")
+            client.create_world("thrown-away", ephemeral=True)
+            world.apply(create=(np.arange(3, dtype=np.uint64), BOXES))
+            journaled = scrape(port)[("dbvt_world_journal_bytes", ("world", "kept"))]
+            snapshot = world.snapshot()
+            samples = scrape(port)
+    finally:
+        server.stop()
+    assert journaled > 0 and samples[("dbvt_world_journal_bytes", ("world", "kept"))] == 0
+    assert samples[("dbvt_world_snapshot_tick", ("world", "kept"))] == snapshot.tick == 1
+    assert ("dbvt_world_journal_bytes", ("world", "thrown-away")) not in samples
+    # The creation's snapshot is written before the world is announced; this one on the writer thread.
+    assert samples[("dbvt_snapshots_written_total",)] == 2
+    assert samples[("dbvt_snapshot_failures_total",)] == samples[("dbvt_journal_write_failures_total",)] == 0

@@ -17,7 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import grpc
 from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, PlatformCollector,
                                ProcessCollector, generate_latest)
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from dbvt_proto.v1 import broadphase_pb2 as pb
 from dbvt_server import handlers
@@ -102,6 +102,21 @@ class _StateCollector:
                 ("dbvt_world_queue_depth", "operations waiting for their turn on the world",
                  lambda world: depths.get(world.name, 0))):
             yield _gauge(name, help_text, [((world.name,), value(world)) for world in worlds], ["world"])
+        kept = [world for world in worlds if world.files is not None]
+        yield _gauge("dbvt_world_journal_bytes", "bytes of the world's journal since its last snapshot (persistent worlds)",
+                     [((world.name,), world.files.journal.records_bytes) for world in kept], ["world"])
+        yield _gauge("dbvt_world_snapshot_tick", "the tick of the world's last snapshot (persistent worlds)",
+                     [((world.name,), world.files.snapshot_tick) for world in kept], ["world"])
+        store = self._servicer.service.store
+        for name, help_text, attribute in (
+                ("dbvt_snapshots_written", "snapshots written to the data directory", "snapshots_written"),
+                ("dbvt_snapshot_failures", "snapshots that could not be written (the journal is kept)",
+                 "snapshot_failures"),
+                ("dbvt_journal_write_failures", "batches refused because their journal record could not be written",
+                 "journal_failures")):
+            counter = CounterMetricFamily(name, help_text)
+            counter.add_metric([], getattr(store, attribute) if store is not None else 0)
+            yield counter
         yield _gauge("dbvt_stream_connections", "batch streams open", [((), self._servicer.open_streams)])
         yield _gauge("dbvt_staged_bytes", "bytes held for batches and query sets whose last part has not come",
                      [((), self._servicer.service.staged.value)])

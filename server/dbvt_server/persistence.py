@@ -113,6 +113,7 @@ class WorldFiles:
         try:
             self.journal.append(world.tick + 1, batch.SerializeToString())
         except JournalError as exc:
+            self.store.journal_failures += 1
             raise Unavailable(f"world {quoted(world.name)}: {exc}; nothing of the batch was applied") from None
 
     def take_back(self) -> None:
@@ -154,10 +155,12 @@ class WorldFiles:
         try:
             size = _write_file(path, pieces)
         except OSError as exc:
+            self.store.snapshot_failures += 1
             log.error("world %s: cannot write snapshot %s (%s); its journal is kept", shown(name), path,
                       exc.strerror or exc)
             raise Unavailable(f"world {quoted(name)}: cannot write its snapshot: {exc.strerror or exc}") from None
         self.snapshot_bytes = size
+        self.store.snapshots_written += 1
         self._prune(tick if alone else None)
         log.debug("world %s: snapshot at tick %d, %d bytes, %.1f ms", shown(name), tick, size,
                   (time.perf_counter() - started) * 1e3)
@@ -200,6 +203,8 @@ class Store:
         self._lock_fd: int | None = None
         self._stop = threading.Event()
         self._flusher: threading.Thread | None = None
+        # Counted for the metrics (on the writer's and the worlds' threads; read at scrapes).
+        self.snapshots_written = self.snapshot_failures = self.journal_failures = 0
         # Set when the previous server did not stop cleanly and the machine has restarted since:
         # batches it answered in its last moments may never have reached the disk.
         self.unsynced_policy: str | None = None
@@ -272,13 +277,20 @@ class Store:
         """Files for a new world: its first snapshot (the image given, or the world as it is) and an
         empty journal, on disk before the world is announced."""
         directory = os.path.join(self.worlds_dir, world_directory_name(world.name))
-        if os.path.exists(directory):
-            os.replace(directory, os.path.join(self.path, "trash", f"{os.path.basename(directory)}-stale"))
-        os.makedirs(directory)
-        pieces = image_pieces or images.encode(world.settings(), world.broadphase)
-        size = _write_file(os.path.join(directory, f"snapshot-{world.tick:020d}.dbvt"), pieces)
-        journal = Journal.create(os.path.join(directory, f"journal-{world.tick:020d}.log"), world.incarnation,
-                                 world.tick, self.fsync == "always")
+        try:
+            if os.path.exists(directory):
+                os.replace(directory, os.path.join(self.path, "trash", f"{os.path.basename(directory)}-stale"))
+            os.makedirs(directory)
+            pieces = image_pieces or images.encode(world.settings(), world.broadphase)
+            size = _write_file(os.path.join(directory, f"snapshot-{world.tick:020d}.dbvt"), pieces)
+            journal = Journal.create(os.path.join(directory, f"journal-{world.tick:020d}.log"), world.incarnation,
+                                     world.tick, self.fsync == "always")
+        except OSError as exc:
+            self.snapshot_failures += 1
+            shutil.rmtree(directory, ignore_errors=True)
+            raise Unavailable(f"cannot write the files of world {quoted(world.name)} in {self.path}: "
+                              f"{exc.strerror or exc}; it was not created") from None
+        self.snapshots_written += 1
         return self._opened(WorldFiles(self, directory, journal, world.tick, size))
 
     def _opened(self, files: WorldFiles) -> WorldFiles:
