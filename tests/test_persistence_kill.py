@@ -71,7 +71,7 @@ def _send_until_killed(client: Client, games: list[Game], sent: dict, server: Se
     try:
         while server.process.poll() is None:
             for game in games:
-                pending = [f for f in futures[game.name] if not f.done()]
+                pending = [f for f in futures[game.name] if f is not None and not f.done()]
                 if len(pending) >= IN_FLIGHT:
                     wait(pending, timeout=0.2, return_when="FIRST_COMPLETED")
                     continue

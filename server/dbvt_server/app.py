@@ -60,11 +60,9 @@ class Running:
     def final_snapshots(self) -> None:
         """Once no operation runs: every changed world snapshotted, so the next start replays nothing,
         and the data directory given up."""
-        if self.snapshots is not None:
-            self.snapshots.cancel()
         started = time.monotonic()
         written = [world.files.snapshot(world) for world in self.service.worlds()
-                   if world.files is not None and world.tick != world.files.snapshot_tick]
+                   if world.files is not None and not world.files.current(world)]
         for future in written:
             try:
                 future.result()
@@ -100,6 +98,8 @@ class Running:
             log.warning("an operation that had started ran %.1f s past the grace period: a started batch always "
                         "completes", waited)
         if self.service.store is not None:
+            if self.snapshots is not None:
+                self.snapshots.cancel()
             await asyncio.to_thread(self.final_snapshots)
         self.rejections.flush()
         if self.metrics_endpoint is not None:

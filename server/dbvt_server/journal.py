@@ -3,7 +3,8 @@
 A segment file holds the records after one tick (the tick of the snapshot it follows):
 
     header  magic b"DBVTJRNL", version u32, incarnation u64, start tick u64, CRC-32 u32 of the rest
-    record  length u32 (of the batch), CRC-32 u32 (of tick and batch), tick u64, the batch as received
+    record  length u32 (of the batch), CRC-32 u32 (of tick and batch), tick u64, CRC-32 u32 of those
+            16 bytes, then the batch as received
 
 Records are written with one writev on the world's thread, before the batch is applied and
 answered: a process that is killed loses no answered batch, whatever the fsync policy, because the
@@ -11,7 +12,8 @@ bytes are in the kernel's page cache before the answer leaves. fsync only matter
 itself goes down.
 
 A record cut short by the end of the file is a torn write: the batch was never answered (the answer
-follows the write). Any other bad record is damage.
+follows the write). Any other bad record is damage. The header's own CRC tells a torn record from a
+damaged length: a flipped bit in a length must not pass for a record cut short.
 """
 from __future__ import annotations
 
@@ -26,7 +28,8 @@ VERSION = 1
 HEADER = struct.Struct("<8sIQQ")
 HEADER_CRC = struct.Struct("<I")
 HEADER_SIZE = HEADER.size + HEADER_CRC.size
-RECORD = struct.Struct("<IIQ")
+RECORD = struct.Struct("<IIQI")
+RECORD_HEAD = struct.Struct("<IIQ")
 TICK = struct.Struct("<Q")
 # No batch is larger: the server's staging bounds them far below it.
 MAX_RECORD = 2**32 - 1
@@ -47,7 +50,8 @@ def record_crc(tick: int, payload) -> int:
 
 class Journal:
     """The open segment of one world. `append` and `take_back` run on the world's thread only;
-    `sync` may run on another (the once-a-second flusher), so closing and syncing share a lock."""
+    `sync` and `close` may run on others (the once-a-second flusher; a deletion), so every use of
+    the file descriptor holds the lock: a descriptor closed and reused elsewhere is never written."""
 
     def __init__(self, path: str, always_sync: bool):
         self.path = path
@@ -80,22 +84,28 @@ class Journal:
         was, when it cannot."""
         if len(payload) > MAX_RECORD:
             raise JournalError(f"a batch of {len(payload)} bytes is larger than a journal record can hold")
-        record = RECORD.pack(len(payload), record_crc(tick, payload), tick)
-        self._before = self.size
-        try:
-            _write_all(self._fd, [record, payload])
-            if self._always_sync:
-                os.fdatasync(self._fd)
-        except OSError as exc:
-            self._truncate(self._before)
-            raise JournalError(f"cannot write journal {self.path}: {exc.strerror or exc}") from None
-        self.size += len(record) + len(payload)
-        self._dirty = True
+        head = RECORD_HEAD.pack(len(payload), record_crc(tick, payload), tick)
+        record = head + HEADER_CRC.pack(zlib.crc32(head))
+        with self._lock:
+            if self._fd < 0:
+                raise JournalError(f"journal {self.path} is closed: its world was deleted")
+            self._before = self.size
+            try:
+                _write_all(self._fd, [record, payload])
+                if self._always_sync:
+                    os.fdatasync(self._fd)
+            except OSError as exc:
+                self._truncate(self._before)
+                raise JournalError(f"cannot write journal {self.path}: {exc.strerror or exc}") from None
+            self.size += len(record) + len(payload)
+            self._dirty = True
 
     def take_back(self) -> None:
         """Remove the record just appended: its batch was refused after all (the pair limit)."""
-        self._truncate(self._before)
-        self.size = self._before
+        with self._lock:
+            if self._fd >= 0:
+                self._truncate(self._before)
+            self.size = self._before
 
     def sync(self) -> None:
         with self._lock:
@@ -172,7 +182,10 @@ def read_segment(path: str) -> Segment:
         if len(data) - at < RECORD.size:
             segment.cut_at, segment.torn, segment.problem = at, True, "a record is cut short (a torn write)"
             break
-        length, crc, tick = RECORD.unpack(data[at:at + RECORD.size])
+        length, crc, tick, head_crc = RECORD.unpack(data[at:at + RECORD.size])
+        if zlib.crc32(data[at:at + RECORD_HEAD.size]) != head_crc:
+            segment.cut_at, segment.problem = at, "a record's header is damaged (its CRC-32 does not match)"
+            break
         end = at + RECORD.size + length
         if end > len(data):
             segment.cut_at, segment.torn, segment.problem = at, True, "a record is cut short (a torn write)"

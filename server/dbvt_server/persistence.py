@@ -18,6 +18,7 @@ snapshot fall back to the one before it and replay the journal from there, losin
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -79,12 +80,17 @@ def _write_file(path: str, pieces: list) -> int:
     fsynced. Returns its size."""
     temporary = path + ".tmp"
     size = 0
-    with open(temporary, "wb") as file:
-        for piece in pieces:
-            size += file.write(piece)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(temporary, path)
+    try:
+        with open(temporary, "wb") as file:
+            for piece in pieces:
+                size += file.write(piece)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
     sync_directory(os.path.dirname(path))
     return size
 
@@ -108,6 +114,8 @@ class WorldFiles:
         self.snapshot_tick = snapshot_tick
         self.snapshot_bytes = snapshot_bytes
         self._writing: Future | None = None
+        # Set when the world is deleted: a snapshot still being written is dropped quietly.
+        self.discarded = False
 
     def append(self, world, batch: pb.Batch) -> None:
         try:
@@ -119,6 +127,12 @@ class WorldFiles:
     def take_back(self) -> None:
         self.journal.take_back()
 
+    def current(self, world) -> bool:
+        """Whether the world's last snapshot, written or being written, holds its current tick."""
+        writing = self._writing
+        failed = writing is not None and writing.done() and writing.exception() is not None
+        return world.tick == self.snapshot_tick and not failed
+
     def applied(self, world) -> None:
         """After a batch: a snapshot in the background once the journal has outgrown the last one."""
         writing = self._writing is not None and not self._writing.done()
@@ -128,7 +142,7 @@ class WorldFiles:
     def snapshot(self, world) -> Future:
         """Take the world's image now (on its thread) and write it in the background: the future of
         (tick, bytes). A world unchanged since its last snapshot gets that snapshot's future."""
-        if world.tick == self.snapshot_tick and self._writing is not None:
+        if self.current(world) and self._writing is not None:
             return self._writing
         pieces = images.encode(world.settings(), world.broadphase)
         try:
@@ -147,11 +161,15 @@ class WorldFiles:
         journal = Journal.create(path, world.incarnation, world.tick, self.store.fsync == "always")
         old, self.journal = self.journal, journal
         old.close(sync=self.store.fsync != "no")
+        if self.discarded:
+            journal.close(sync=False)
         self.snapshot_tick = world.tick
 
     def _write(self, name: str, tick: int, pieces: list, alone: bool = False) -> tuple[int, int]:
         path = os.path.join(self.directory, f"snapshot-{tick:020d}.dbvt")
         started = time.perf_counter()
+        if self.discarded:
+            return tick, 0
         try:
             size = _write_file(path, pieces)
         except OSError as exc:
@@ -179,10 +197,14 @@ class WorldFiles:
         for start, path in _ticked(self.directory, SEGMENT):
             if start < oldest:
                 os.unlink(path)
+        for entry in os.listdir(self.directory):
+            if entry.endswith(".tmp"):
+                os.unlink(os.path.join(self.directory, entry))
 
     def discard(self) -> None:
         """The world was deleted: its files go to the trash at once (so the name is free), and are
         removed after any snapshot still being written."""
+        self.discarded = True
         self.journal.close(sync=False)
         trash = os.path.join(self.store.path, "trash", f"{os.path.basename(self.directory)}-{secrets.token_hex(4)}")
         os.replace(self.directory, trash)

@@ -233,7 +233,7 @@ class BroadphaseServicer(pb_grpc.BroadphaseServiceServicer):
         """Every persistent world changed since its last snapshot gets one (--snapshot-seconds); a busy
         world waits for the next round."""
         for world in self.service.worlds():
-            if world.files is not None and world.tick != world.files.snapshot_tick:
+            if world.files is not None and not world.files.current(world):
                 try:
                     started = self._start(world, _snapshot_if_kept, None)
                 except ResourceExhausted:
