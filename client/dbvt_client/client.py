@@ -109,8 +109,9 @@ class Client:
         work, batches report no begun or ended pairs, and `pairs()` is computed when asked.
 
         `exist_ok=True` returns the world of that name if it is already there (a restarted game server
-        reattaches to it, proxies and all), provided it has the same `dims`, `margin` and `track_pairs`;
-        otherwise it raises `AlreadyExists` naming the difference. `max_proxies` is compared only when
+        reattaches to it, proxies and all), provided it has the same `dims`, `margin` and `track_pairs`
+        (and, on a server with a data directory, `ephemeral`); otherwise it raises `AlreadyExists`
+        naming the difference. `max_proxies` is compared only when
         given: `None` takes the existing world's limit, whatever it is.
 
         `max_pairs` limits the world's overlapping pairs (None: the server's limit): a batch that would

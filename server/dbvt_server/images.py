@@ -18,6 +18,7 @@ whole with the reason, never half loaded.
 from __future__ import annotations
 
 import json
+import math
 import struct
 import zlib
 from dataclasses import dataclass
@@ -79,9 +80,22 @@ def decode(data) -> Image:
         broadphase = Broadphase.from_bytes(view[meta_end:-TRAILER.size])
     except (ValueError, MemoryError) as exc:
         raise ImageError(f"the image's core is not valid: {exc}") from None
+    _check_against_core(settings, broadphase)
+    return Image(settings, broadphase)
+
+
+def _check_against_core(settings: dict, broadphase: Broadphase) -> None:
+    """The settings must describe the core they come with, as a world the server made would."""
     if broadphase.dims != settings["dims"] or broadphase.track_pairs != settings["track_pairs"]:
         raise ImageError("the image's settings do not match its core (dims or track_pairs)")
-    return Image(settings, broadphase)
+    if struct.unpack("<f", struct.pack("<f", settings["margin"]))[0] != broadphase.margin:
+        raise ImageError(f"the image's margin {settings['margin']} is not its core's ({broadphase.margin})")
+    if len(broadphase) > settings["max_proxies"]:
+        raise ImageError(f"the image holds {len(broadphase)} proxies, more than its max_proxies "
+                         f"{settings['max_proxies']}")
+    if broadphase.pair_count > settings["max_pairs"]:
+        raise ImageError(f"the image holds {broadphase.pair_count} pairs, more than its max_pairs "
+                         f"{settings['max_pairs']}")
 
 
 def _check(settings: dict) -> None:
@@ -92,6 +106,9 @@ def _check(settings: dict) -> None:
             raise ImageError(f"the image's {key} is {settings[key]!r}, not a {getattr(kind, '__name__', 'number')}")
     if settings["dims"] not in (2, 3):
         raise ImageError(f"the image's dims is {settings['dims']}, not 2 or 3")
-    for key in ("max_proxies", "max_pairs", "tick", "incarnation"):
-        if not 0 <= settings[key] < 2**64:
+    if not math.isfinite(settings["margin"]) or settings["margin"] < 0:
+        raise ImageError(f"the image's margin is {settings['margin']}, not a finite number >= 0")
+    # A tick of 2**64 - 1 would leave no room for the next batch.
+    for key, end in (("max_proxies", 2**64), ("max_pairs", 2**64), ("tick", 2**64 - 1), ("incarnation", 2**64)):
+        if not 0 <= settings[key] < end:
             raise ImageError(f"the image's {key} {settings[key]} is out of range")
