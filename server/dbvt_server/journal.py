@@ -65,15 +65,22 @@ class Journal:
 
     @classmethod
     def create(cls, path: str, incarnation: int, start_tick: int, always_sync: bool) -> "Journal":
-        """A new, empty segment (replacing any file of that name), its header on disk."""
+        """A new, empty segment (replacing any file of that name). With fsync=always its header and
+        its directory entry are on disk before the first record is answered; otherwise they reach
+        the disk with the records (the flusher) and the snapshot that follows (its directory fsync):
+        a world's thread does not wait for an fsync that the policy does not promise."""
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             _write_all(fd, [segment_header(incarnation, start_tick)])
-            os.fsync(fd)
+            if always_sync:
+                os.fsync(fd)
         finally:
             os.close(fd)
-        sync_directory(os.path.dirname(path))
-        return cls(path, always_sync)
+        if always_sync:
+            sync_directory(os.path.dirname(path))
+        journal = cls(path, always_sync)
+        journal._dirty = True
+        return journal
 
     @property
     def records_bytes(self) -> int:

@@ -353,7 +353,9 @@ class Store:
         world = make_world(image)
         snapshot_tick = world.tick
         lost, replayed = self._replay(world, directory)
-        if replayed and self.unsynced_policy is not None:
+        if self.unsynced_policy is not None:
+            # Which journals held unsynced records cannot be known after the fact (a lost segment
+            # leaves no trace), so every world takes a new incarnation.
             log.warning("world %s: the machine restarted while the server ran with --fsync %s; batches answered in "
                         "its last second may be lost, so the world gets a new incarnation", shown(world.name),
                         self.unsynced_policy)
