@@ -288,6 +288,7 @@ cdef int self_pairs(const TreeCore *t, PairBuffer *out, const uint32_t *groups,
     hits.count = hits.capacity = 0
     q.kind = QUERY_BOX
     q.groups = NULL
+    q.skip_flags = 0
     q.first_hit = False
     for p in range(t.proxy_capacity):
         if not (t.proxies[p].flags & PROXY_LIVE):

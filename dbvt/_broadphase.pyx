@@ -5,7 +5,13 @@ As in Box2D, each proxy keeps a sorted list of the proxies whose *fat* boxes ove
 marked with whether the *tight* boxes touch. Fat boxes only change when a tight box leaves its own,
 so an update() queries the tree only for those proxies; every other moved proxy just re-tests its
 few listed partners' tight boxes. A destroy touches only that proxy's list.
+
+Sensors ride on the same lists: a sensor and a proxy that is not one are partners like any pair,
+and the bit then means "inside", which turns on when the proxy touches the sensor's shape and off
+only when it no longer touches the shape grown by `sensor_margin`. For that, a sensor's fat box
+holds its shape grown by the sensor margin (its "reach"), so a proxy inside is always a partner.
 """
+from libc.math cimport INFINITY, nextafterf
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcpy, memset
@@ -18,20 +24,75 @@ from dbvt import validation
 
 from dbvt._batch cimport pairs_free, pairs_push, self_pairs, sort_int32, sort_pairs
 from dbvt._core cimport (
-    PREFETCH_AHEAD, PROXY_LIVE, PROXY_MOVED, PROXY_REFAT, PROXY_STATIC, QUERY_FAT_BOX, Hits, IdPair, PairBuffer, Query,
-    Stack, TreeCore, boxes_overlap, core_move, core_remove, core_reserve, hits_free, load_box, pair_allowed, prefetch,
+    PREFETCH_AHEAD, PROXY_LIVE, PROXY_MOVED, PROXY_REFAT, PROXY_SENSOR, PROXY_SENSOR_BOX, PROXY_SENSOR_SPHERE,
+    PROXY_STATIC, QUERY_FAT_BOX, Hits, IdPair, PairBuffer, Proxy, Query, Stack, TreeCore, box_contains, boxes_overlap,
+    core_move, core_remove, core_reserve, hits_free, listed_allowed, load_box, pair_allowed, prefetch, sensor_touches,
     stack_free, walk,
 )
 from dbvt._tree cimport TreeBase, pair_array, prefetch_move
 
-# pair tracking on, moved count, pending ended count, partner total
-_STATE = struct.Struct("<qqqq")
+# pair tracking on, moved count, pending ended count, partner total, pending sensor leaves, sensor margin
+_STATE = struct.Struct("<qqqqqd")
+# A sensor's kind as create() takes it per row, and the flag each kind sets.
+SENSOR_KINDS = {None: 0, "none": 0, "box": 1, "sphere": 2}
+
+
+cdef inline uint32_t sensor_flag(unsigned char kind) noexcept nogil:
+    return PROXY_SENSOR_BOX if kind == 1 else PROXY_SENSOR_SPHERE if kind == 2 else 0
 
 
 cdef enum:
     TOUCHING = 1                    # the tight boxes overlap: the pair exists for the user
     INLINE_PARTNERS = 2
     FAT_LIMIT = 2                   # a status: update(max_fat_pairs=...) stopped at its limit
+
+
+def as_sensor_kinds(sensor, n: int) -> np.ndarray:
+    """create()'s `sensor=`: None, "box" or "sphere" for every row, or one uint8 kind per row
+    (0 none, 1 box, 2 sphere)."""
+    if sensor is None or isinstance(sensor, str):
+        if sensor not in SENSOR_KINDS:
+            raise ValueError(f"sensor must be None, 'box', 'sphere' or per-row kinds 0, 1, 2, not {sensor!r}")
+        return np.full(n, SENSOR_KINDS[sensor], np.uint8)
+    kinds = np.asarray(sensor)
+    if kinds.ndim == 0:
+        kinds = np.full(n, kinds)
+    if kinds.shape != (n,):
+        raise ValueError(f"sensor must be a scalar or have shape ({n},), got {kinds.shape}")
+    if kinds.dtype.kind not in "iub":
+        raise ValueError(f"sensor kinds must be integers 0 (none), 1 (box) or 2 (sphere), not {kinds.dtype}")
+    wrong = np.flatnonzero((kinds < 0) | (kinds > 2))
+    if wrong.size:
+        raise ValueError(f"sensor row {wrong[0]}: kind {kinds[wrong[0]]} is not 0 (none), 1 (box) or 2 (sphere)")
+    return np.ascontiguousarray(kinds, np.uint8)
+
+
+def _checked_sensor_margin(value) -> float:
+    margin = float(value)
+    if not np.isfinite(margin) or margin < 0.0:
+        raise ValueError(f"sensor_margin must be a finite number >= 0, not {value!r}")
+    return margin
+
+
+cdef object _pair_copy(const PairBuffer *buffer):
+    """A buffer's pairs as a `(m, 2)` uint64 array; the buffer is left as it is."""
+    pairs = np.empty((buffer.count, 2), np.uint64)
+    cdef uint64_t[:, ::1] view = pairs
+    if buffer.count:
+        memcpy(&view[0, 0], buffer.pairs, buffer.count * sizeof(IdPair))
+    return pairs
+
+
+cdef int _room(PairBuffer *buffer, int64_t extra) except -1:
+    """Room for `extra` more pairs, so that pushing them cannot fail."""
+    cdef IdPair *grown
+    if buffer.count + extra > buffer.capacity:
+        grown = <IdPair *>realloc(buffer.pairs, (buffer.count + extra) * sizeof(IdPair))
+        if grown == NULL:
+            raise MemoryError()
+        buffer.pairs = grown
+        buffer.capacity = buffer.count + extra
+    return 0
 
 
 class FatPairLimit(Exception):
@@ -57,6 +118,26 @@ cdef inline int32_t *items_of(const Partners *p) noexcept nogil:
     if p.capacity == INLINE_PARTNERS:
         return <int32_t *>p.entries.local
     return p.entries.heap
+
+
+cdef inline bint is_sensor(const TreeCore *t, int32_t proxy) noexcept nogil:
+    return (t.proxies[proxy].flags & PROXY_SENSOR) != 0
+
+
+cdef inline void grow_outward(const float *box, float *out, double grow, int32_t dims) noexcept nogil:
+    """`box` grown by `grow` on every side, rounded outward so that it holds the exact grown box."""
+    cdef int i
+    cdef float low, high
+    memcpy(out, box, 6 * sizeof(float))
+    for i in range(dims):
+        low = <float>(<double>box[i] - grow)
+        high = <float>(<double>box[i + 3] + grow)
+        if <double>low > <double>box[i] - grow:
+            low = nextafterf(low, -INFINITY)
+        if <double>high < <double>box[i + 3] + grow:
+            high = nextafterf(high, INFINITY)
+        out[i] = low
+        out[i + 3] = high
 
 
 cdef inline bint tight_overlap(const TreeCore *t, int32_t a, int32_t b) noexcept nogil:
@@ -195,6 +276,12 @@ cdef class Broadphase(TreeBase):
     cdef int64_t touching           # pairs whose tight boxes overlap now, kept as bits flip
     cdef int64_t listed             # entries of all partner lists: twice the pairs of fat boxes
     cdef int64_t listed_limit       # during update(max_fat_pairs=...): past it the update stops
+    cdef readonly double sensor_margin
+    cdef int64_t inside             # sensor pairs inside now (each counted once)
+    cdef int64_t sensor_count       # live sensors: without any, queries skip no flag
+    cdef PairBuffer leaving         # [sensor, proxy] of destroyed proxies inside, left at the next update()
+    cdef PairBuffer entered         # the sensor events of the last update()
+    cdef PairBuffer left
 
     def __cinit__(self, *args, **kwargs):
         self.groups = NULL
@@ -204,13 +291,18 @@ cdef class Broadphase(TreeBase):
         self.moved = NULL
         self.moved_count = self.moved_capacity = 0
         memset(&self.ended, 0, sizeof(PairBuffer))
-        self.touching = self.listed = 0
+        memset(&self.leaving, 0, sizeof(PairBuffer))
+        memset(&self.entered, 0, sizeof(PairBuffer))
+        memset(&self.left, 0, sizeof(PairBuffer))
+        self.touching = self.listed = self.inside = self.sensor_count = 0
         self.listed_limit = -1
+        self.sensor_margin = 0.0
 
-    def __init__(self, int dims=3, margin=0.05, track_pairs=True):
+    def __init__(self, int dims=3, margin=0.05, track_pairs=True, sensor_margin=0.0):
         self.core.dims = validation.check_dims(dims)
         self.core.margin = validation.check_margin(margin)
         self.track_pairs = bool(track_pairs)
+        self.sensor_margin = _checked_sensor_margin(sensor_margin)
 
     def __dealloc__(self):
         cdef int32_t i
@@ -223,6 +315,9 @@ cdef class Broadphase(TreeBase):
         free(self.masks)
         free(self.moved)
         pairs_free(&self.ended)
+        pairs_free(&self.leaving)
+        pairs_free(&self.entered)
+        pairs_free(&self.left)
 
     def __repr__(self):
         tracking = "" if self.track_pairs else ", track_pairs=False"
@@ -278,20 +373,26 @@ cdef class Broadphase(TreeBase):
             self.moved[self.moved_count] = proxy
             self.moved_count += 1
 
-    def create(self, ids, boxes, static=False, group=1, mask=0xFFFFFFFF):
+    def create(self, ids, boxes, static=False, group=1, mask=0xFFFFFFFF, sensor=None):
         """Add proxies; their pairs begin at the next update(). `static`, `group` and `mask` are
-        scalars or per-row arrays."""
+        scalars or per-row arrays; `sensor` is None, "box" or "sphere", or per-row kinds (0 none,
+        1 box, 2 sphere). Sensors need track_pairs."""
         id_arr = validation.as_ids(ids)
         n = len(id_arr)
         box_arr = validation.as_boxes(boxes, self.core.dims, n)
         cdef const unsigned char[::1] statics = validation.as_flags(static, n, "static")
         cdef const uint32_t[::1] group_view = validation.as_uint32(group, n, "group")
         cdef const uint32_t[::1] mask_view = validation.as_uint32(mask, n, "mask")
+        kind_arr = as_sensor_kinds(sensor, n)
+        cdef const unsigned char[::1] kinds = kind_arr
+        if not self.track_pairs and kind_arr.any():
+            raise ValueError("sensors need pair tracking: this broadphase has track_pairs=False")
         self._check_new(id_arr)
         self._reserve(n, n)
         cdef int32_t[::1] proxies = self._add(id_arr, box_arr)
         cdef Py_ssize_t i
         cdef int32_t proxy
+        cdef float tight[6]
         with nogil:
             for i in range(n):
                 proxy = proxies[i]
@@ -299,8 +400,34 @@ cdef class Broadphase(TreeBase):
                 self.masks[proxy] = mask_view[i]
                 if statics[i]:
                     self.core.proxies[proxy].flags |= PROXY_STATIC
+                if kinds[i]:
+                    self.core.proxies[proxy].flags |= sensor_flag(kinds[i])
+                    self.sensor_count += 1
+                    # Inserted with the fat box of a plain proxy: grow it to hold the sensor's reach.
+                    memcpy(tight, self.core.proxies[proxy].tight, sizeof(tight))
+                    self._move_proxy(proxy, tight)
                 self._mark_moved(proxy, True)
         self._after_change()
+
+    cdef bint _move_proxy(self, int32_t proxy, const float *tight) noexcept nogil:
+        """core_move(), but a sensor's fat box must hold its reach (its tight box grown by the sensor
+        margin): the tree is given the reach, and the proxy keeps its tight box."""
+        cdef Proxy *p = &self.core.proxies[proxy]
+        cdef float reach[6]
+        cdef float old_reach[6]
+        cdef bint refat
+        if not (p.flags & PROXY_SENSOR) or self.sensor_margin == 0.0:
+            return core_move(&self.core, proxy, tight)
+        grow_outward(tight, reach, self.sensor_margin, self.core.dims)
+        if box_contains(p.fat, reach):
+            memcpy(p.tight, tight, 6 * sizeof(float))
+            return False
+        # core_move predicts the next move from the last one: let it compare reach with reach.
+        grow_outward(p.tight, old_reach, self.sensor_margin, self.core.dims)
+        memcpy(p.tight, old_reach, 6 * sizeof(float))
+        refat = core_move(&self.core, proxy, reach)
+        memcpy(self.core.proxies[proxy].tight, tight, 6 * sizeof(float))
+        return refat
 
     def move(self, ids, boxes, previous=None):
         """Give proxies new tight boxes; returns how many left their fat box (and got a new one).
@@ -334,7 +461,7 @@ cdef class Broadphase(TreeBase):
                         before[row, k] = self.core.proxies[proxies[row]].tight[k]
                         before[row, dims + k] = self.core.proxies[proxies[row]].tight[3 + k]
                 load_box(&rows[row, 0], self.core.dims, box)
-                refat = core_move(&self.core, proxies[row], box)
+                refat = self._move_proxy(proxies[row], box)
                 refattened += refat
                 self._mark_moved(proxies[row], refat)
         self._after_change()
@@ -347,15 +474,11 @@ cdef class Broadphase(TreeBase):
         cdef int32_t proxy, other, k
         cdef int32_t *items
         cdef int64_t total = 0
-        cdef IdPair *grown
         for i in range(n):
             total += self.partners[proxies[i]].count    # an upper bound on the touching ones
-        if self.ended.count + total > self.ended.capacity:
-            grown = <IdPair *>realloc(self.ended.pairs, (self.ended.count + total) * sizeof(IdPair))
-            if grown == NULL:
-                raise MemoryError()
-            self.ended.pairs = grown
-            self.ended.capacity = self.ended.count + total
+        # Both buffers hold the bound, so that the loop below cannot fail half way.
+        _room(&self.ended, total)
+        _room(&self.leaving, total)
         with nogil:
             for i in range(n):
                 proxy = proxies[i]
@@ -364,26 +487,61 @@ cdef class Broadphase(TreeBase):
                     other = items[k] >> 1
                     partners_erase(&self.partners[other], proxy)
                     if items[k] & TOUCHING:
-                        pairs_push(&self.ended, self.core.proxies[proxy].id, self.core.proxies[other].id)
-                        self.touching -= 1
+                        self._ended(proxy, other, &self.ended, &self.leaving)
                 self.listed -= 2 * self.partners[proxy].count
                 self.partners[proxy].count = 0
                 self.groups[proxy] = self.masks[proxy] = 0
+                if is_sensor(&self.core, proxy):
+                    self.sensor_count -= 1
                 core_remove(&self.core, proxy)
         self._after_change()
 
+    cdef int _ended(self, int32_t a, int32_t b, PairBuffer *ended, PairBuffer *left) noexcept nogil:
+        """A touching pair is no more: a pair ended, or a proxy left a sensor."""
+        if is_sensor(&self.core, a) or is_sensor(&self.core, b):
+            if is_sensor(&self.core, b):
+                a, b = b, a
+            self.inside -= 1
+            return pairs_push(left, self.core.proxies[a].id, self.core.proxies[b].id)
+        self.touching -= 1
+        return pairs_push(ended, self.core.proxies[a].id, self.core.proxies[b].id)
+
+    cdef void _count_touching(self) noexcept nogil:
+        """The counts kept as bits flip, counted afresh from the lists (after loading)."""
+        cdef TreeCore *t = &self.core
+        cdef int32_t proxy, k
+        cdef int32_t *items
+        self.touching = self.inside = self.sensor_count = 0
+        for proxy in range(self.slot_capacity):
+            if not (t.proxies[proxy].flags & PROXY_LIVE):
+                continue
+            self.sensor_count += is_sensor(t, proxy)
+            items = items_of(&self.partners[proxy])
+            for k in range(self.partners[proxy].count):
+                if not (items[k] & TOUCHING):
+                    continue
+                if is_sensor(t, proxy):
+                    self.inside += 1
+                elif not is_sensor(t, items[k] >> 1) and (items[k] >> 1) > proxy:
+                    self.touching += 1
+
     def settings(self, ids):
-        """`(static, group, mask)` of `ids`: uint8, uint32 and uint32 arrays, as create() takes them."""
+        """`(static, group, mask, sensor)` of `ids`: uint8, uint32, uint32 and uint8 (0 none, 1 box,
+        2 sphere) arrays, as create() takes them."""
         cdef int32_t[::1] proxies = self._existing(validation.as_ids(ids))
         cdef Py_ssize_t n = proxies.shape[0], i
+        cdef uint32_t flags
         static = np.empty(n, np.uint8)
         group = np.empty(n, np.uint32)
         mask = np.empty(n, np.uint32)
+        sensor = np.empty(n, np.uint8)
         for i in range(n):
-            static[i] = (self.core.proxies[proxies[i]].flags & PROXY_STATIC) != 0
+            flags = self.core.proxies[proxies[i]].flags
+            static[i] = (flags & PROXY_STATIC) != 0
             group[i] = self.groups[proxies[i]]
             mask[i] = self.masks[proxies[i]]
-        return static, group, mask
+            sensor[i] = 1 if flags & PROXY_SENSOR_BOX else 2 if flags & PROXY_SENSOR_SPHERE else 0
+        return static, group, mask, sensor
 
     @property
     def pair_count(self):
@@ -399,26 +557,93 @@ cdef class Broadphase(TreeBase):
         batch of boxes all on one spot would otherwise fill the memory before its first pair is
         counted. The broadphase is then part-way through the update, consistent but with changes
         still pending: undo the batch (move back, destroy the created, create the destroyed) and
-        update() again to return to where it was."""
+        update() again to return to where it was.
+
+        The sensors' events of the update (and, after FatPairLimit, the leaves it had found) are
+        kept for sensor_events()."""
         cdef PairBuffer begun
         cdef PairBuffer ended = self.ended
         cdef int status
         self.listed_limit = -1 if max_fat_pairs is None else 2 * int(max_fat_pairs)
         memset(&begun, 0, sizeof(PairBuffer))
         memset(&self.ended, 0, sizeof(PairBuffer))
+        pairs_free(&self.entered)
+        pairs_free(&self.left)
+        self.left = self.leaving
+        memset(&self.leaving, 0, sizeof(PairBuffer))
         with nogil:
             status = self._track(&begun, &ended)
             if status == 0:
                 cancel_common(&begun, &ended)
+                cancel_common(&self.entered, &self.left)
         self.listed_limit = -1
         if status != 0:
             pairs_free(&begun)
             pairs_free(&ended)
+            pairs_free(&self.entered)
             if status == FAT_LIMIT:
                 raise FatPairLimit(f"more than {max_fat_pairs} pairs of fat boxes")
             raise MemoryError()
         self._after_change()
         return pair_array(&begun), pair_array(&ended)
+
+    def sensor_events(self):
+        """`(entered, left)` of the last update(): `(m, 2)` uint64 rows `[sensor, proxy]`, sorted. A
+        proxy enters a sensor when it touches the sensor's shape, and leaves it when it no longer
+        touches the shape grown by sensor_margin, or when either is destroyed."""
+        return _pair_copy(&self.entered), _pair_copy(&self.left)
+
+    def sensor_pairs(self):
+        """Every `[sensor, proxy]` inside as of the last update() (less destroyed proxies), sorted."""
+        cdef PairBuffer buffer
+        cdef TreeCore *t = &self.core
+        cdef int32_t proxy, k
+        cdef int32_t *items
+        cdef int status = 0
+        memset(&buffer, 0, sizeof(PairBuffer))
+        with nogil:
+            for proxy in range(t.proxy_capacity):
+                if status == 0 and t.proxies[proxy].flags & PROXY_LIVE and is_sensor(t, proxy):
+                    items = items_of(&self.partners[proxy])
+                    for k in range(self.partners[proxy].count):
+                        if items[k] & TOUCHING and pairs_push(&buffer, t.proxies[proxy].id,
+                                                               t.proxies[items[k] >> 1].id) != 0:
+                            status = -1
+                            break
+            sort_pairs(buffer.pairs, buffer.count)
+        if status != 0:
+            pairs_free(&buffer)
+            raise MemoryError()
+        return pair_array(&buffer)
+
+    def set_sensor_pairs(self, rows, inside):
+        """Set whether each `[sensor, proxy]` of `rows` is inside, with no event: how a batch refused
+        after its update() puts the sensors back as they were (their state depends on history, so
+        moving the boxes back is not enough). A pair set inside must be one the lists hold: its
+        proxy touches the sensor's reach."""
+        pairs = np.ascontiguousarray(rows, np.uint64).reshape(-1, 2)
+        flags = validation.as_flags(inside, len(pairs), "inside")
+        cdef Py_ssize_t i
+        cdef int32_t sensor, proxy
+        cdef int32_t *entry
+        found = []
+        for i in range(len(pairs)):
+            sensor = self._existing(pairs[i:i + 1, 0])[0]
+            proxy = self._existing(pairs[i:i + 1, 1])[0]
+            if not is_sensor(&self.core, sensor) or is_sensor(&self.core, proxy):
+                raise ValueError(f"row {i}: {pairs[i, 0]} is not a sensor, or {pairs[i, 1]} is one")
+            entry = partners_find(&self.partners[sensor], proxy)
+            if entry == NULL and flags[i]:
+                raise ValueError(f"row {i}: proxy {pairs[i, 1]} is not within reach of sensor {pairs[i, 0]}")
+            found.append((sensor, proxy))
+        for i, (sensor, proxy) in enumerate(found):
+            entry = partners_find(&self.partners[sensor], proxy)
+            if entry == NULL or ((entry[0] & TOUCHING) != 0) == (flags[i] != 0):
+                continue
+            entry[0] ^= TOUCHING
+            partners_find(&self.partners[proxy], sensor)[0] ^= TOUCHING
+            self.inside += 1 if flags[i] else -1
+        self._after_change()
 
     cdef int _track(self, PairBuffer *begun, PairBuffer *ended) noexcept nogil:
         """Stage 1 refreshes the fat partners of proxies with new fat boxes, stage 2 re-tests the tight
@@ -459,6 +684,7 @@ cdef class Broadphase(TreeBase):
         t.proxies[proxy].flags &= ~PROXY_REFAT
         q.kind = QUERY_FAT_BOX
         q.groups = NULL
+        q.skip_flags = 0
         q.first_hit = False
         memcpy(q.box, t.proxies[proxy].fat, sizeof(q.box))
         hits.count = 0
@@ -466,7 +692,7 @@ cdef class Broadphase(TreeBase):
             return -1
         for h in range(hits.count):
             other = hits.proxies[h]
-            if other != proxy and pair_allowed(t, self.groups, self.masks, proxy, other):
+            if other != proxy and listed_allowed(t, self.groups, self.masks, proxy, other):
                 hits.proxies[kept] = other
                 kept += 1
         sort_int32(hits.proxies, kept)
@@ -478,8 +704,7 @@ cdef class Broadphase(TreeBase):
                 partners_erase(&self.partners[entry >> 1], proxy)
                 self.listed -= 1
                 if entry & TOUCHING:
-                    status = pairs_push(ended, t.proxies[proxy].id, t.proxies[entry >> 1].id)
-                    self.touching -= 1
+                    status = self._ended(proxy, entry >> 1, ended, &self.left)
                 i += 1
             elif i == mine.count or hits.proxies[j] < (items[i] >> 1):
                 other = hits.proxies[j]
@@ -514,6 +739,10 @@ cdef class Broadphase(TreeBase):
         t.proxies[proxy].flags &= ~PROXY_MOVED
         for k in range(mine.count):
             other = items[k] >> 1
+            if is_sensor(t, proxy) or is_sensor(t, other):
+                if self._retest_sensor(proxy, other, &items[k]) != 0:
+                    return -1
+                continue
             now = tight_overlap(t, proxy, other)
             if now == (items[k] & TOUCHING):
                 continue
@@ -524,6 +753,23 @@ cdef class Broadphase(TreeBase):
             if pairs_push(begun if now else ended, t.proxies[proxy].id, t.proxies[other].id) != 0:
                 return -1
         return 0
+
+    cdef int _retest_sensor(self, int32_t proxy, int32_t other, int32_t *entry) noexcept nogil:
+        """A sensor pair: a proxy outside enters when it touches the shape; one inside leaves when it
+        no longer touches the shape grown by the sensor margin. Between the two nothing changes."""
+        cdef TreeCore *t = &self.core
+        cdef int32_t sensor = proxy, visitor = other
+        cdef bint inside = (entry[0] & TOUCHING) != 0
+        cdef bint now
+        if is_sensor(t, other):
+            sensor, visitor = other, proxy
+        now = sensor_touches(t, sensor, visitor, self.sensor_margin if inside else 0.0)
+        if now == inside:
+            return 0
+        entry[0] ^= TOUCHING
+        partners_find(&self.partners[other], proxy)[0] ^= TOUCHING
+        self.inside += 1 if now else -1
+        return pairs_push(&self.entered if now else &self.left, t.proxies[sensor].id, t.proxies[visitor].id)
 
     def pairs(self):
         """All current pairs, `(m, 2)` uint64 rows a < b, sorted. Exact even with moves pending."""
@@ -548,46 +794,50 @@ cdef class Broadphase(TreeBase):
                     items = items_of(&self.partners[proxy])
                     for k in range(self.partners[proxy].count):
                         other = items[k] >> 1
-                        if (items[k] & TOUCHING and other > proxy
+                        if (items[k] & TOUCHING and other > proxy and not is_sensor(t, proxy) and not is_sensor(t, other)
                                 and pairs_push(out, t.proxies[proxy].id, t.proxies[other].id) != 0):
                             return -1
             sort_pairs(out.pairs, out.count)
             return 0
         return self_pairs(t, out, self.groups, self.masks)
 
-    def query_aabb(self, boxes, mask=None):
+    cdef uint32_t _skip(self, bint include_sensors):
+        return PROXY_SENSOR if self.sensor_count and not include_sensors else 0
+
+    def query_aabb(self, boxes, mask=None, include_sensors=False):
         """CSR `(offsets, hits)` over static and dynamic proxies; `mask` keeps proxies whose group
-        shares a bit with it."""
+        shares a bit with it. Sensors are skipped unless `include_sensors`, as in every query."""
         if mask is None:
-            return self._query_aabb(boxes, 0xFFFFFFFF, NULL)
-        return self._query_aabb(boxes, validation.as_mask(mask), self.groups)
+            return self._query_aabb(boxes, 0xFFFFFFFF, NULL, self._skip(include_sensors))
+        return self._query_aabb(boxes, validation.as_mask(mask), self.groups, self._skip(include_sensors))
 
-    def query_sphere(self, centers, radii, mask=None):
+    def query_sphere(self, centers, radii, mask=None, include_sensors=False):
         if mask is None:
-            return self._query_sphere(centers, radii, 0xFFFFFFFF, NULL)
-        return self._query_sphere(centers, radii, validation.as_mask(mask), self.groups)
+            return self._query_sphere(centers, radii, 0xFFFFFFFF, NULL, self._skip(include_sensors))
+        return self._query_sphere(centers, radii, validation.as_mask(mask), self.groups, self._skip(include_sensors))
 
-    def raycast(self, segments, first_hit=False, mask=None):
+    def raycast(self, segments, first_hit=False, mask=None, include_sensors=False):
         if mask is None:
-            return self._raycast(segments, bool(first_hit), 0xFFFFFFFF, NULL)
-        return self._raycast(segments, bool(first_hit), validation.as_mask(mask), self.groups)
+            return self._raycast(segments, bool(first_hit), 0xFFFFFFFF, NULL, self._skip(include_sensors))
+        return self._raycast(segments, bool(first_hit), validation.as_mask(mask), self.groups,
+                             self._skip(include_sensors))
 
-    def query_frustum(self, planes, mask=None):
+    def query_frustum(self, planes, mask=None, include_sensors=False):
         if mask is None:
-            return self._query_frustum(planes, 0xFFFFFFFF, NULL)
-        return self._query_frustum(planes, validation.as_mask(mask), self.groups)
+            return self._query_frustum(planes, 0xFFFFFFFF, NULL, self._skip(include_sensors))
+        return self._query_frustum(planes, validation.as_mask(mask), self.groups, self._skip(include_sensors))
 
     def stats(self):
         info = TreeBase.stats(self)
-        cdef int64_t touching = 0, listed = 0, partner_bytes = 0
-        cdef int32_t i, k
+        cdef int64_t listed = 0, partner_bytes = 0
+        cdef int32_t i
         for i in range(self.slot_capacity):
             listed += self.partners[i].count
             if self.partners[i].capacity != INLINE_PARTNERS:
                 partner_bytes += self.partners[i].capacity * sizeof(int32_t)
-            for k in range(self.partners[i].count):
-                touching += items_of(&self.partners[i])[k] & TOUCHING
-        info["pairs"] = touching // 2
+        info["pairs"] = self.touching
+        info["sensors"] = self.sensor_count
+        info["sensor_pairs"] = self.inside
         info["fat_pairs"] = listed // 2
         info["pending_moves"] = self.moved_count
         info["track_pairs"] = self.track_pairs
@@ -599,21 +849,30 @@ cdef class Broadphase(TreeBase):
     def validate(self):
         """Tree invariants, then the partner lists: sorted, symmetric with the same touching bit,
         between live proxies that may pair; with nothing pending, exactly the pairs of overlapping
-        fat boxes, marked touching exactly where the tight boxes overlap."""
+        fat boxes, marked touching exactly where the tight boxes overlap; a sensor pair marked inside
+        only where the proxy touches the grown shape, and outside only where it does not touch the
+        shape."""
         TreeBase.validate(self)
         cdef TreeCore *t = &self.core
         cdef int32_t proxy, other, k, entry
         cdef int32_t *theirs
         cdef int32_t *items
         cdef Partners *mine
-        cdef int64_t listed = 0, touching = 0
-        cdef bint settled = self.track_pairs and self.moved_count == 0 and self.ended.count == 0
+        cdef int64_t listed = 0, touching = 0, inside = 0, sensor_entries = 0, sensors = 0
+        cdef bint settled = (self.track_pairs and self.moved_count == 0 and self.ended.count == 0
+                             and self.leaving.count == 0)
+        cdef float reach[6]
         for proxy in range(self.slot_capacity):
             mine = &self.partners[proxy]
             if not (t.proxies[proxy].flags & PROXY_LIVE):
                 if mine.count:
                     raise RuntimeError("dbvt invariant broken: a free proxy has partners")
                 continue
+            if is_sensor(t, proxy):
+                sensors += 1
+                grow_outward(t.proxies[proxy].tight, reach, self.sensor_margin, t.dims)
+                if not box_contains(t.proxies[proxy].fat, reach):
+                    raise RuntimeError("dbvt invariant broken: a sensor's fat box does not hold its reach")
             if mine.capacity < INLINE_PARTNERS or mine.count > mine.capacity:
                 raise RuntimeError("dbvt invariant broken: a partner list holds more than its capacity")
             items = items_of(mine)
@@ -624,21 +883,32 @@ cdef class Broadphase(TreeBase):
                     raise RuntimeError("dbvt invariant broken: a partner is not a live proxy")
                 if k and (items[k - 1] >> 1) >= other:
                     raise RuntimeError("dbvt invariant broken: a partner list is not sorted")
-                if not pair_allowed(t, self.groups, self.masks, proxy, other):
+                if not listed_allowed(t, self.groups, self.masks, proxy, other):
                     raise RuntimeError("dbvt invariant broken: a pair the filter forbids")
                 theirs = partners_find(&self.partners[other], proxy)
                 if theirs == NULL or (theirs[0] & TOUCHING) != (entry & TOUCHING):
                     raise RuntimeError("dbvt invariant broken: a pair is listed differently on its two sides")
-                if settled and (entry & TOUCHING) != tight_overlap(t, proxy, other):
+                if is_sensor(t, proxy):
+                    sensor_entries += 1
+                    inside += entry & TOUCHING
+                    if settled and (entry & TOUCHING) != sensor_touches(
+                            t, proxy, other, self.sensor_margin if entry & TOUCHING else 0.0):
+                        raise RuntimeError("dbvt invariant broken: a sensor pair is inside where it must not be")
+                elif is_sensor(t, other):
+                    sensor_entries += 1
+                elif settled and (entry & TOUCHING) != tight_overlap(t, proxy, other):
                     raise RuntimeError("dbvt invariant broken: a touching bit disagrees with the tight boxes")
                 if settled and not boxes_overlap(t.proxies[proxy].fat, t.proxies[other].fat):
                     raise RuntimeError("dbvt invariant broken: listed partners' fat boxes do not overlap")
                 listed += 1
-                touching += entry & TOUCHING
+                if not (is_sensor(t, proxy) or is_sensor(t, other)):
+                    touching += entry & TOUCHING
         if settled and listed // 2 != self._count_fat_pairs():
             raise RuntimeError("dbvt invariant broken: pairs of overlapping fat boxes are missing")
-        if listed != self.listed or touching != 2 * self.touching:
-            raise RuntimeError("dbvt invariant broken: the counts of listed and touching pairs drifted")
+        if listed != self.listed or touching != 2 * self.touching or inside != self.inside:
+            raise RuntimeError("dbvt invariant broken: the counts of listed, touching and inside pairs drifted")
+        if sensor_entries % 2 or sensors != self.sensor_count:
+            raise RuntimeError("dbvt invariant broken: the sensors are miscounted")
 
     cdef int64_t _count_fat_pairs(self) except -1:
         cdef TreeCore *t = &self.core
@@ -651,6 +921,7 @@ cdef class Broadphase(TreeBase):
         memset(&hits, 0, sizeof(Hits))
         q.kind = QUERY_FAT_BOX
         q.groups = NULL
+        q.skip_flags = 0
         q.first_hit = False
         try:
             for proxy in range(t.proxy_capacity):
@@ -661,7 +932,7 @@ cdef class Broadphase(TreeBase):
                 if walk(t, &q, &stack, &hits) != 0:
                     raise MemoryError()
                 for h in range(hits.count):
-                    if hits.proxies[h] > proxy and pair_allowed(t, self.groups, self.masks, proxy, hits.proxies[h]):
+                    if hits.proxies[h] > proxy and listed_allowed(t, self.groups, self.masks, proxy, hits.proxies[h]):
                         count += 1
         finally:
             stack_free(&stack)
@@ -702,9 +973,10 @@ cdef class Broadphase(TreeBase):
             for k in range(self.ended.count):
                 ended_view[k, 0] = self.ended.pairs[k].a
                 ended_view[k, 1] = self.ended.pairs[k].b
-        state = _STATE.pack(self.track_pairs, self.moved_count, self.ended.count, total)
+        state = _STATE.pack(self.track_pairs, self.moved_count, self.ended.count, total, self.leaving.count,
+                            self.sensor_margin)
         return b"".join([self._tree_bytes(), state, groups.data, masks.data, counts.data, items.data,
-                         moved.data, ended.data])
+                         moved.data, ended.data, _pair_copy(&self.leaving).data])
 
     @classmethod
     def from_bytes(cls, data):
@@ -713,18 +985,21 @@ cdef class Broadphase(TreeBase):
         at = bp._load_tree(view)
         if len(view) < at + _STATE.size:
             raise ValueError("data is too short for a dbvt broadphase")
-        track_pairs, moved_count, ended_count, total = _STATE.unpack(bytes(view[at:at + _STATE.size]))
+        (track_pairs, moved_count, ended_count, total, leaving_count,
+         sensor_margin) = _STATE.unpack(bytes(view[at:at + _STATE.size]))
         bp.track_pairs = bool(track_pairs)
+        bp.sensor_margin = _checked_sensor_margin(sensor_margin)
         at += _STATE.size
         capacity = bp.core.proxy_capacity
-        sizes = [4 * capacity, 4 * capacity, 4 * capacity, 4 * total, 4 * moved_count, 16 * ended_count]
+        sizes = [4 * capacity, 4 * capacity, 4 * capacity, 4 * total, 4 * moved_count, 16 * ended_count,
+                 16 * leaving_count]
         if min(sizes) < 0 or len(view) != at + sum(sizes):
             raise ValueError("corrupt dbvt broadphase data: wrong length")
         arrays = []
-        for size, dtype in zip(sizes, [np.uint32, np.uint32, np.int32, np.int32, np.int32, np.uint64]):
+        for size, dtype in zip(sizes, [np.uint32, np.uint32, np.int32, np.int32, np.int32, np.uint64, np.uint64]):
             arrays.append(np.frombuffer(view[at:at + size], dtype))
             at += size
-        groups, masks, counts, items, moved, ended = arrays
+        groups, masks, counts, items, moved, ended, leaving = arrays
         if (counts < 0).any() or counts.sum() != total or ((items < 0) | ((items >> 1) >= capacity)).any():
             raise ValueError("corrupt dbvt broadphase data: partner lists out of range")
         if ((moved < 0) | (moved >= capacity)).any():
@@ -733,8 +1008,9 @@ cdef class Broadphase(TreeBase):
         cdef const uint32_t[::1] group_view = groups, mask_view = masks
         cdef const int32_t[::1] count_view = counts, item_view = items, moved_view = moved
         cdef const uint64_t[::1] ended_view = ended
+        cdef const uint64_t[::1] leaving_view = leaving
         cdef int32_t i, k, slots = capacity
-        cdef int64_t offset = 0, e, moves = moved_count, ends = ended_count
+        cdef int64_t offset = 0, e, moves = moved_count, ends = ended_count, leaves = leaving_count
         cdef int failed = 0
         cdef int32_t *entries
         with nogil:
@@ -754,11 +1030,14 @@ cdef class Broadphase(TreeBase):
             for e in range(ends):
                 if not failed and pairs_push(&bp.ended, ended_view[2 * e], ended_view[2 * e + 1]) != 0:
                     failed = 1
+            for e in range(leaves):
+                if not failed and pairs_push(&bp.leaving, leaving_view[2 * e], leaving_view[2 * e + 1]) != 0:
+                    failed = 1
+            bp._count_touching()
         if failed:
             raise MemoryError()
         bp.moved_count = moved_count
         bp.listed = total
-        bp.touching = int(np.count_nonzero(items & TOUCHING)) // 2
         try:
             bp.validate()
         except RuntimeError as exc:

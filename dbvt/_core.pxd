@@ -30,7 +30,10 @@ cdef enum:
     PROXY_STATIC = 4                # never paired with another static proxy
     PROXY_SEEN = 8                  # scratch: already named earlier in the current batch
     PROXY_REFAT = 16                # got a new fat box since the broadphase's last update()
-    PROXY_FLAGS = 31                # every bit above
+    PROXY_SENSOR_BOX = 32           # a broadphase sensor whose shape is its tight box...
+    PROXY_SENSOR_SPHERE = 64        # ...or the largest ball inside its tight box
+    PROXY_SENSOR = 96               # either sensor bit
+    PROXY_FLAGS = 127               # every bit above
 
 # A tree reference is an int32: >= 0 names an internal node, < 0 a leaf (~proxy index).
 
@@ -81,6 +84,7 @@ ctypedef struct Query:
     int32_t plane_count
     uint32_t mask                   # proxies whose group has no bit of mask are skipped...
     const uint32_t *groups          # ...when groups (indexed by proxy) is not NULL
+    uint32_t skip_flags             # leaves with any of these Proxy.flags are skipped (sensors)
 
 ctypedef struct TreeCore:
     Node *nodes                     # pool of internal nodes; WARNING: moves when the pool grows
@@ -153,12 +157,45 @@ cdef void stack_free(Stack *stack) noexcept nogil
 cdef void hits_free(Hits *hits) noexcept nogil
 
 
-cdef inline bint pair_allowed(const TreeCore *t, const uint32_t *groups, const uint32_t *masks,
-                              int32_t a, int32_t b) noexcept nogil:
-    """The broadphase's filter: never two static proxies, and each group must meet the other's mask."""
-    if t.proxies[a].flags & t.proxies[b].flags & PROXY_STATIC:
+cdef inline bint listed_allowed(const TreeCore *t, const uint32_t *groups, const uint32_t *masks,
+                                int32_t a, int32_t b) noexcept nogil:
+    """The broadphase's filter of pairs and sensor pairs alike: never two static proxies, never two
+    sensors, and each group must meet the other's mask."""
+    if t.proxies[a].flags & t.proxies[b].flags & (PROXY_STATIC | PROXY_SENSOR):
         return False
     return (groups[a] & masks[b]) != 0 and (groups[b] & masks[a]) != 0
+
+
+cdef inline bint pair_allowed(const TreeCore *t, const uint32_t *groups, const uint32_t *masks,
+                              int32_t a, int32_t b) noexcept nogil:
+    """The filter of pairs: as listed_allowed, and no sensor (a sensor's pairs are its own kind)."""
+    if (t.proxies[a].flags | t.proxies[b].flags) & PROXY_SENSOR:
+        return False
+    return listed_allowed(t, groups, masks, a, b)
+
+
+cdef inline bint sensor_touches(const TreeCore *t, int32_t sensor, int32_t other, double grow) noexcept nogil:
+    """Whether `other`'s tight box touches the sensor's shape grown by `grow` (closed): its tight box
+    grown on every side, or the largest ball inside it (centre the box's, radius half its smallest
+    side) with radius + grow. Decided in float64, with the operations dbvt.reference uses."""
+    cdef const float *s = t.proxies[sensor].tight
+    cdef const float *b = t.proxies[other].tight
+    cdef double centre, gap, radius, distance_sq = 0.0
+    cdef int i
+    if t.proxies[sensor].flags & PROXY_SENSOR_BOX:
+        for i in range(t.dims):
+            if <double>b[i] > <double>s[i + 3] + grow or <double>b[i + 3] < <double>s[i] - grow:
+                return False
+        return True
+    radius = 0.5 * (<double>s[3] - <double>s[0])
+    for i in range(1, t.dims):
+        radius = min(radius, 0.5 * (<double>s[i + 3] - <double>s[i]))
+    for i in range(t.dims):
+        centre = 0.5 * (<double>s[i] + <double>s[i + 3])
+        gap = max(<double>b[i] - centre, centre - <double>b[i + 3], 0.0)
+        distance_sq += gap * gap
+    radius += grow
+    return distance_sq <= radius * radius
 
 
 # ---------------------------------------------------------------------------------------------

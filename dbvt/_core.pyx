@@ -1313,7 +1313,7 @@ cdef int walk_kind(const Kind *kind, const TreeCore *t, Query *q, Stack *stack, 
         entry = stack.entries[stack.count]
         if entry.ref < 0:
             proxy = ~entry.ref
-            if q.groups != NULL and (q.groups[proxy] & q.mask) == 0:
+            if (t.proxies[proxy].flags & q.skip_flags) or (q.groups != NULL and (q.groups[proxy] & q.mask) == 0):
                 continue
             fraction = 0.0
             if entry.pending == 0 or test_leaf(kind, q, &t.proxies[proxy], entry.pending, &fraction):

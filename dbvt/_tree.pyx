@@ -39,11 +39,12 @@ class HitLimit(Exception):
 
 
 cdef inline void start_batch(Batch *b, Query *q, uint32_t mask, const uint32_t *groups, bint first_hit,
-                             int64_t max_hits):
+                             int64_t max_hits, uint32_t skip_flags):
     memset(b, 0, sizeof(Batch))
     b.max_hits = max_hits
     q.mask = mask
     q.groups = groups
+    q.skip_flags = skip_flags
     q.first_hit = first_hit
 
 
@@ -217,7 +218,8 @@ cdef class TreeBase:
                 out[i, dims + k] = self.core.proxies[proxies[i]].tight[3 + k]
         return boxes
 
-    cdef object _query_aabb(self, object boxes, uint32_t mask, const uint32_t *groups):
+    cdef object _query_aabb(self, object boxes, uint32_t mask, const uint32_t *groups,
+                            uint32_t skip):
         cdef const float[:, ::1] rows = validation.as_boxes(boxes, self.core.dims)
         cdef Py_ssize_t n = rows.shape[0]
         offsets = np.empty(n + 1, np.int64)
@@ -226,12 +228,13 @@ cdef class TreeBase:
         cdef Batch batch
         cdef Query q
         cdef int status
-        start_batch(&batch, &q, mask, groups, False, self.max_hits)
+        start_batch(&batch, &q, mask, groups, False, self.max_hits, skip)
         with nogil:
             status = run_boxes(&self.core, &q, first, n, &off[0], &batch)
         return csr(&batch, status, offsets, False)
 
-    cdef object _query_sphere(self, object centers, object radii, uint32_t mask, const uint32_t *groups):
+    cdef object _query_sphere(self, object centers, object radii, uint32_t mask, const uint32_t *groups,
+                            uint32_t skip):
         cdef const float[:, ::1] points = validation.as_points(centers, self.core.dims, "centers")
         cdef Py_ssize_t n = points.shape[0]
         cdef const float[::1] r = validation.as_radii(radii, n)
@@ -242,12 +245,13 @@ cdef class TreeBase:
         cdef Batch batch
         cdef Query q
         cdef int status
-        start_batch(&batch, &q, mask, groups, False, self.max_hits)
+        start_batch(&batch, &q, mask, groups, False, self.max_hits, skip)
         with nogil:
             status = run_spheres(&self.core, &q, first, first_radius, n, &off[0], &batch)
         return csr(&batch, status, offsets, False)
 
-    cdef object _raycast(self, object segments, bint first_hit, uint32_t mask, const uint32_t *groups):
+    cdef object _raycast(self, object segments, bint first_hit, uint32_t mask, const uint32_t *groups,
+                            uint32_t skip):
         cdef const float[:, ::1] rows = validation.as_segments(segments, self.core.dims)
         cdef Py_ssize_t n = rows.shape[0]
         offsets = np.empty(n + 1, np.int64)
@@ -256,12 +260,13 @@ cdef class TreeBase:
         cdef Batch batch
         cdef Query q
         cdef int status
-        start_batch(&batch, &q, mask, groups, first_hit, self.max_hits)
+        start_batch(&batch, &q, mask, groups, first_hit, self.max_hits, skip)
         with nogil:
             status = run_segments(&self.core, &q, first, n, &off[0], &batch)
         return csr(&batch, status, offsets, True)
 
-    cdef object _query_frustum(self, object planes, uint32_t mask, const uint32_t *groups):
+    cdef object _query_frustum(self, object planes, uint32_t mask, const uint32_t *groups,
+                            uint32_t skip):
         plane_arr = validation.as_planes(planes, self.core.dims)
         cdef const float[:, :, ::1] rows = plane_arr
         cdef Py_ssize_t n = rows.shape[0]
@@ -272,7 +277,7 @@ cdef class TreeBase:
         cdef Batch batch
         cdef Query q
         cdef int status
-        start_batch(&batch, &q, mask, groups, False, self.max_hits)
+        start_batch(&batch, &q, mask, groups, False, self.max_hits, skip)
         with nogil:
             status = run_frusta(&self.core, &q, first, n, k, &off[0], &batch)
         return csr(&batch, status, offsets, False)
@@ -439,20 +444,20 @@ cdef class Tree(TreeBase):
 
     def query_aabb(self, boxes):
         """CSR `(offsets, hits)`: the ids whose box overlaps each query box, ascending."""
-        return self._query_aabb(boxes, 0xFFFFFFFF, NULL)
+        return self._query_aabb(boxes, 0xFFFFFFFF, NULL, 0)
 
     def query_sphere(self, centers, radii):
         """CSR `(offsets, hits)`: the ids whose box is within `radius` of each centre."""
-        return self._query_sphere(centers, radii, 0xFFFFFFFF, NULL)
+        return self._query_sphere(centers, radii, 0xFFFFFFFF, NULL, 0)
 
     def raycast(self, segments, first_hit=False):
         """`(offsets, hits, fractions)`: boxes each segment `from..., to...` touches, by entry
         fraction then id; `first_hit` keeps the first of each."""
-        return self._raycast(segments, bool(first_hit), 0xFFFFFFFF, NULL)
+        return self._raycast(segments, bool(first_hit), 0xFFFFFFFF, NULL, 0)
 
     def query_frustum(self, planes):
         """CSR `(offsets, hits)`: boxes whose p-vertex is on the inner side of every plane."""
-        return self._query_frustum(planes, 0xFFFFFFFF, NULL)
+        return self._query_frustum(planes, 0xFFFFFFFF, NULL, 0)
 
     def pairs(self):
         """`(m, 2)` uint64: every overlapping pair of tight boxes, rows `a < b`, sorted."""

@@ -7,7 +7,7 @@ import itertools
 
 import grpc
 
-from dbvt_client import batches, parts, queries, transfer
+from dbvt_client import batches, parts, queries, transfer, watching
 from dbvt_client.client import (DEFAULT_MAX_PROXIES_PER_WORLD, DEFAULT_MAX_WORLDS, create_request, server_dict,
                                 stats_dict, world_info)
 from dbvt_client.errors import (DbvtError, Unavailable, from_exception, from_rpc_error, from_stream_status)
@@ -82,6 +82,10 @@ class _AsyncGrpcTransport:
         except grpc.RpcError as error:
             raise from_rpc_error(error) from None
 
+    async def watch(self, request: pb.WatchSensorsRequest):
+        call = self._stub.WatchSensors(request, metadata=self._metadata)
+        return call, call.cancel
+
     def open_stream(self) -> _GrpcStream:
         return _GrpcStream(self._stub, self._metadata)
 
@@ -122,9 +126,11 @@ class AsyncClient:
 
     async def create_world(self, name: str, dims: int = 3, margin: float = 0.05, *, max_proxies: int | None = None,
                            track_pairs: bool = True, exist_ok: bool = False,
-                           max_pairs: int | None = None, ephemeral: bool = False) -> "AsyncWorld":
-        """See `Client.create_world`, `exist_ok`, `max_pairs` and `ephemeral` included."""
-        request = create_request(name, dims, margin, max_proxies, track_pairs, exist_ok, max_pairs, ephemeral)
+                           max_pairs: int | None = None, ephemeral: bool = False,
+                           sensor_margin: float = 0.0) -> "AsyncWorld":
+        """See `Client.create_world`, `exist_ok`, `max_pairs`, `ephemeral` and `sensor_margin` included."""
+        request = create_request(name, dims, margin, max_proxies, track_pairs, exist_ok, max_pairs, ephemeral,
+                                 sensor_margin)
         await self._transport.unary("CreateWorld", request)
         return AsyncWorld(self, name)
 
@@ -159,8 +165,8 @@ class AsyncWorld:
         return f"AsyncWorld({self.name!r})"
 
     async def apply(self, create=None, move=None, destroy=None, *, static=None, group=None,
-                    mask=None, expected_tick: int | None = None) -> BatchResult:
-        ops = batches.encode(create, move, destroy, static, group, mask)
+                    mask=None, sensor=None, expected_tick: int | None = None) -> BatchResult:
+        ops = batches.encode(create, move, destroy, static, group, mask, sensor)
         parts = batches.split(ops, await self._client.max_message_bytes(), expected_tick)
         if len(parts) == 1:
             request = pb.ApplyBatchRequest(world=self.name, batch=parts[0])
@@ -171,22 +177,32 @@ class AsyncWorld:
     def stream(self) -> "AsyncBatchStream":
         return AsyncBatchStream(self)
 
-    async def query_aabb(self, boxes, mask=None) -> Hits:
-        return await self._client._run(queries.aabb(self.name, boxes, mask, await self._client.max_message_bytes()))
-
-    async def query_sphere(self, centers, radii, mask=None) -> Hits:
+    async def query_aabb(self, boxes, mask=None, include_sensors: bool = False) -> Hits:
         limit = await self._client.max_message_bytes()
-        return await self._client._run(queries.sphere(self.name, centers, radii, mask, limit))
+        return await self._client._run(queries.aabb(self.name, boxes, mask, limit, include_sensors))
 
-    async def raycast(self, segments, first_hit: bool = False, mask=None) -> RayHits:
+    async def query_sphere(self, centers, radii, mask=None, include_sensors: bool = False) -> Hits:
         limit = await self._client.max_message_bytes()
-        return await self._client._run(queries.raycast(self.name, segments, first_hit, mask, limit))
+        return await self._client._run(queries.sphere(self.name, centers, radii, mask, limit, include_sensors))
 
-    async def query_frustum(self, planes, mask=None) -> Hits:
-        return await self._client._run(queries.frustum(self.name, planes, mask, await self._client.max_message_bytes()))
+    async def raycast(self, segments, first_hit: bool = False, mask=None, include_sensors: bool = False) -> RayHits:
+        limit = await self._client.max_message_bytes()
+        return await self._client._run(queries.raycast(self.name, segments, first_hit, mask, limit, include_sensors))
+
+    async def query_frustum(self, planes, mask=None, include_sensors: bool = False) -> Hits:
+        limit = await self._client.max_message_bytes()
+        return await self._client._run(queries.frustum(self.name, planes, mask, limit, include_sensors))
 
     async def pairs(self):
         return await self._client._run(queries.pairs(self.name))
+
+    async def sensor_pairs(self):
+        return await self._client._run(queries.sensor_pairs(self.name))
+
+    async def watch(self, sensors=None, from_tick: int | None = None) -> watching.AsyncSensorWatch:
+        """See `World.watch`: `async with await world.watch() as feed: async for events in feed: ...`"""
+        request = watching.watch_request(self.name, sensors, from_tick)
+        return watching.AsyncSensorWatch(*await self._client._transport.watch(request))
 
     async def stats(self) -> dict:
         return stats_dict(await self._client._transport.unary("GetWorldStats", pb.GetWorldStatsRequest(world=self.name)))
@@ -230,15 +246,15 @@ class AsyncBatchStream:
         await self.close()
 
     async def submit(self, create=None, move=None, destroy=None, *, static=None, group=None,
-                     mask=None, expected_tick: int | None = None) -> asyncio.Future:
-        ops = batches.encode(create, move, destroy, static, group, mask)
+                     mask=None, sensor=None, expected_tick: int | None = None) -> asyncio.Future:
+        ops = batches.encode(create, move, destroy, static, group, mask, sensor)
         limit = await self._world._client.max_message_bytes()
         return await self._submit_parts(batches.split(ops, limit, expected_tick))
 
     async def apply(self, create=None, move=None, destroy=None, *, static=None, group=None,
-                    mask=None, expected_tick: int | None = None) -> BatchResult:
+                    mask=None, sensor=None, expected_tick: int | None = None) -> BatchResult:
         return await (await self.submit(create, move, destroy, static=static, group=group, mask=mask,
-                                        expected_tick=expected_tick))
+                                        sensor=sensor, expected_tick=expected_tick))
 
     async def _apply_parts(self, parts: list[pb.Batch]) -> BatchResult:
         return await (await self._submit_parts(parts))

@@ -26,8 +26,9 @@ MESSAGE_OVERHEAD = 4096
 class Create:
     """Proxies to create: `world.apply(create=Create(ids, boxes, static=True, group=2, mask=0b101))`.
 
-    `static`, `group` and `mask` are each a scalar or one value per row. A plain `(ids, boxes)` tuple
-    works too, with `static=`, `group=`, `mask=` given to `apply` itself.
+    `static`, `group` and `mask` are each a scalar or one value per row. `sensor` is None, "box" or
+    "sphere", or a uint8 kind per row (0 none, 1 box, 2 sphere). A plain `(ids, boxes)` tuple works
+    too, with `static=`, `group=`, `mask=`, `sensor=` given to `apply` itself.
     """
 
     ids: Any
@@ -35,22 +36,26 @@ class Create:
     static: Any = False
     group: Any = DEFAULT_GROUP
     mask: Any = DEFAULT_MASK
+    sensor: Any = None
 
 
-def _as_create(create, static, group, mask) -> Create | None:
+def _as_create(create, static, group, mask, sensor=None) -> Create | None:
+    given = any(value is not None for value in (static, group, mask, sensor))
     if create is None:
-        if (static, group, mask) != (None, None, None):
-            raise TypeError("static=, group= and mask= describe created proxies; pass create= as well")
+        if given:
+            raise TypeError("static=, group=, mask= and sensor= describe created proxies; pass create= as well")
         return None
     if isinstance(create, Create):
-        if (static, group, mask) != (None, None, None):
-            raise TypeError("give static/group/mask either in Create(...) or to apply(), not both")
+        if given:
+            raise TypeError("give static/group/mask/sensor either in Create(...) or to apply(), not both")
         return create
-    ids, boxes = _ids_and_boxes(create, "create", "(ids, boxes) or Create(ids, boxes, static=, group=, mask=)")
+    ids, boxes = _ids_and_boxes(create, "create",
+                                "(ids, boxes) or Create(ids, boxes, static=, group=, mask=, sensor=)")
     return Create(ids, boxes,
                   False if static is None else static,
                   DEFAULT_GROUP if group is None else group,
-                  DEFAULT_MASK if mask is None else mask)
+                  DEFAULT_MASK if mask is None else mask,
+                  sensor)
 
 
 def _ids_and_boxes(value, keyword: str, forms: str) -> tuple:
@@ -85,10 +90,11 @@ def _boxes_for(ids: np.ndarray, boxes, name: str) -> np.ndarray:
     return arr
 
 
-def encode(create=None, move=None, destroy=None, static=None, group=None, mask=None) -> list[list[_Column]]:
+def encode(create=None, move=None, destroy=None, static=None, group=None, mask=None,
+           sensor=None) -> list[list[_Column]]:
     """The batch's columns, grouped by operation (rows of one operation travel together)."""
     ops: list[list[_Column]] = []
-    spec = _as_create(create, static, group, mask)
+    spec = _as_create(create, static, group, mask, sensor)
     if spec is not None:
         ids = wire.ids_array(spec.ids, "create_ids")
         columns = [_Column("create_ids", ids), _Column("create_boxes", _boxes_for(ids, spec.boxes, "create_boxes"))]
@@ -98,6 +104,8 @@ def encode(create=None, move=None, destroy=None, static=None, group=None, mask=N
             columns.append(_Column("create_group", wire.bits_array(spec.group, len(ids), "create_group")))
         if not _is_default(spec.mask, DEFAULT_MASK):
             columns.append(_Column("create_mask", wire.bits_array(spec.mask, len(ids), "create_mask")))
+        if spec.sensor is not None:
+            columns.append(_Column("create_sensor", sensor_kinds(spec.sensor, len(ids))))
         ops.append(columns)
     if move is not None:
         move_ids, move_boxes = _ids_and_boxes(move, "move", "(ids, boxes)")
@@ -106,6 +114,28 @@ def encode(create=None, move=None, destroy=None, static=None, group=None, mask=N
     if destroy is not None:
         ops.append([_Column("destroy_ids", wire.ids_array(destroy, "destroy_ids"))])
     return ops
+
+
+SENSOR_KINDS = {None: 0, "box": 1, "sphere": 2}
+
+
+def sensor_kinds(sensor, n: int) -> np.ndarray:
+    """`sensor=` as the wire's uint8 column: 0 none, 1 box, 2 sphere."""
+    if sensor is None or isinstance(sensor, str):
+        if sensor not in SENSOR_KINDS:
+            raise InvalidArgument(f"sensor must be None, 'box', 'sphere' or per-row kinds 0, 1, 2, not {sensor!r}")
+        return np.full(n, SENSOR_KINDS[sensor], wire.FLAGS)
+    kinds = np.asarray(sensor)
+    if kinds.ndim == 0:
+        kinds = np.full(n, kinds)
+    if kinds.shape != (n,) or kinds.dtype.kind not in "iub":
+        raise InvalidArgument(f"sensor must be a scalar kind or {n} integer kinds (0 none, 1 box, 2 sphere), "
+                              f"got {kinds.dtype} of shape {kinds.shape}")
+    wrong = np.flatnonzero((kinds < 0) | (kinds > 2))
+    if wrong.size:
+        raise InvalidArgument(f"create_sensor row {wrong[0]}: kind {kinds[wrong[0]]} is not 0 (none), 1 (box) "
+                              "or 2 (sphere)")
+    return np.ascontiguousarray(kinds, wire.FLAGS)
 
 
 def split(ops: list[list[_Column]], max_message_bytes: int, expected_tick: int | None = None) -> list[pb.Batch]:
@@ -141,7 +171,9 @@ def decode_result(result: pb.BatchResult) -> BatchResult:
     return BatchResult(tick=result.tick,
                        begun=wire.decode_rows(result.begun, wire.IDS, 2, "begun").copy(),
                        ended=wire.decode_rows(result.ended, wire.IDS, 2, "ended").copy(),
-                       incarnation=result.incarnation)
+                       incarnation=result.incarnation,
+                       entered=wire.decode_rows(result.entered, wire.IDS, 2, "entered").copy(),
+                       left=wire.decode_rows(result.left, wire.IDS, 2, "left").copy())
 
 
 def stream_requests(world: str, sequence: int, parts: list[pb.Batch]) -> list[pb.StreamBatchesRequest]:

@@ -10,7 +10,7 @@ from concurrent.futures import Future
 
 import numpy as np
 
-from dbvt_client import batches, parts, queries, transfer
+from dbvt_client import batches, parts, queries, transfer, watching
 from dbvt_client.errors import DbvtError, InvalidArgument, Unavailable, from_exception
 from dbvt_client.results import BatchResult, Hits, RayHits, Snapshot, WorldInfo
 from dbvt_client.transport import Connection, GrpcTransport, local_transport
@@ -23,16 +23,17 @@ DEFAULT_MAX_PROXIES_PER_WORLD = 10_000_000
 def world_info(info: pb.WorldInfo) -> WorldInfo:
     return WorldInfo(name=info.name, dims=info.dims, margin=info.margin, max_proxies=info.max_proxies,
                      proxies=info.proxies, tick=info.tick, track_pairs=info.track_pairs, max_pairs=info.max_pairs,
-                     incarnation=info.incarnation, ephemeral=info.ephemeral)
+                     incarnation=info.incarnation, ephemeral=info.ephemeral, sensor_margin=info.sensor_margin)
 
 
 # What each argument of create_world must be, for the arguments the protocol itself cannot carry.
 CREATE_ARGUMENTS = {"dims": "2 or 3", "margin": "a finite number >= 0", "max_proxies": "None or an integer >= 0",
-                    "max_pairs": "None or an integer >= 0"}
+                    "max_pairs": "None or an integer >= 0", "sensor_margin": "a finite number >= 0"}
 
 
 def create_request(name: str, dims: int, margin: float, max_proxies: int | None, track_pairs: bool,
-                   exist_ok: bool, max_pairs: int | None = None, ephemeral: bool = False) -> pb.CreateWorldRequest:
+                   exist_ok: bool, max_pairs: int | None = None, ephemeral: bool = False,
+                   sensor_margin: float = 0.0) -> pb.CreateWorldRequest:
     """The request, or InvalidArgument naming the argument it cannot hold (the service judges the rest)."""
     if not isinstance(name, str):
         raise InvalidArgument(f"create_world: the world name must be a str, not {type(name).__name__}")
@@ -43,7 +44,7 @@ def create_request(name: str, dims: int, margin: float, max_proxies: int | None,
     request = pb.CreateWorldRequest(name=name, track_pairs=bool(track_pairs), exist_ok=bool(exist_ok),
                                     ephemeral=bool(ephemeral))
     for argument, value in (("dims", dims), ("margin", margin), ("max_proxies", max_proxies or 0),
-                            ("max_pairs", max_pairs or 0)):
+                            ("max_pairs", max_pairs or 0), ("sensor_margin", sensor_margin)):
         try:
             setattr(request, argument, value)
         except (TypeError, ValueError):
@@ -104,7 +105,7 @@ class Client:
 
     def create_world(self, name: str, dims: int = 3, margin: float = 0.05, *, max_proxies: int | None = None,
                      track_pairs: bool = True, exist_ok: bool = False, max_pairs: int | None = None,
-                     ephemeral: bool = False) -> "World":
+                     ephemeral: bool = False, sensor_margin: float = 0.0) -> "World":
         """A new, empty world. `track_pairs=False` makes a query-only world: moves cost only the tree's
         work, batches report no begun or ended pairs, and `pairs()` is computed when asked.
 
@@ -119,8 +120,12 @@ class Client:
 
         On a server with a data directory every world is kept across restarts, unless `ephemeral=True`
         (a throwaway match): such a world is gone when the server stops.
+
+        `sensor_margin`: how far beyond a sensor's shape a proxy inside it may go before it leaves
+        (see `World.watch`).
         """
-        request = create_request(name, dims, margin, max_proxies, track_pairs, exist_ok, max_pairs, ephemeral)
+        request = create_request(name, dims, margin, max_proxies, track_pairs, exist_ok, max_pairs, ephemeral,
+                                 sensor_margin)
         self._transport.unary("CreateWorld", request)
         return World(self, name)
 
@@ -156,18 +161,19 @@ class World:
     def __repr__(self) -> str:
         return f"World({self.name!r})"
 
-    def apply(self, create=None, move=None, destroy=None, *, static=None, group=None, mask=None,
+    def apply(self, create=None, move=None, destroy=None, *, static=None, group=None, mask=None, sensor=None,
               expected_tick: int | None = None) -> BatchResult:
         """Apply one batch atomically as one tick: all of it or, on any error, none of it.
 
-        `create=(ids, boxes)` (with `static=`, `group=`, `mask=`, each a scalar or one per row) or
-        `create=Create(...)`; `move=(ids, boxes)`; `destroy=ids`. An id may appear once per batch.
+        `create=(ids, boxes)` (with `static=`, `group=`, `mask=`, `sensor=`, each a scalar or one per
+        row) or `create=Create(...)`; `move=(ids, boxes)`; `destroy=ids`. An id may appear once per
+        batch. A sensor ("box", "sphere") reports who enters and leaves it in `entered` and `left`.
 
         `expected_tick=t` applies the batch only if the world is at tick t; otherwise it raises
         `TickMismatch` (with the world's `tick` and `incarnation`) and changes nothing. Retrying a batch
         whose answer was lost with the same t applies it exactly once.
         """
-        ops = batches.encode(create, move, destroy, static, group, mask)
+        ops = batches.encode(create, move, destroy, static, group, mask, sensor)
         parts = batches.split(ops, self._client.max_message_bytes(), expected_tick)
         transport = self._client._transport
         if len(parts) == 1:
@@ -179,22 +185,38 @@ class World:
     def stream(self) -> "BatchStream":
         return BatchStream(self)
 
-    def query_aabb(self, boxes, mask=None) -> Hits:
-        return self._client._run(queries.aabb(self.name, boxes, mask, self._client.max_message_bytes()))
+    def query_aabb(self, boxes, mask=None, include_sensors: bool = False) -> Hits:
+        """Every query skips sensors unless `include_sensors=True`."""
+        return self._client._run(queries.aabb(self.name, boxes, mask, self._client.max_message_bytes(),
+                                              include_sensors))
 
-    def query_sphere(self, centers, radii, mask=None) -> Hits:
-        return self._client._run(queries.sphere(self.name, centers, radii, mask, self._client.max_message_bytes()))
+    def query_sphere(self, centers, radii, mask=None, include_sensors: bool = False) -> Hits:
+        return self._client._run(queries.sphere(self.name, centers, radii, mask, self._client.max_message_bytes(),
+                                                include_sensors))
 
-    def raycast(self, segments, first_hit: bool = False, mask=None) -> RayHits:
+    def raycast(self, segments, first_hit: bool = False, mask=None, include_sensors: bool = False) -> RayHits:
         return self._client._run(queries.raycast(self.name, segments, first_hit, mask,
-                                                 self._client.max_message_bytes()))
+                                                 self._client.max_message_bytes(), include_sensors))
 
-    def query_frustum(self, planes, mask=None) -> Hits:
-        return self._client._run(queries.frustum(self.name, planes, mask, self._client.max_message_bytes()))
+    def query_frustum(self, planes, mask=None, include_sensors: bool = False) -> Hits:
+        return self._client._run(queries.frustum(self.name, planes, mask, self._client.max_message_bytes(),
+                                                 include_sensors))
 
     def pairs(self):
         """All current pairs, (m, 2) uint64, rows (a, b) with a < b, sorted."""
         return self._client._run(queries.pairs(self.name))
+
+    def sensor_pairs(self):
+        """Every `[sensor, proxy]` inside now, (m, 2) uint64, sorted."""
+        return self._client._run(queries.sensor_pairs(self.name))
+
+    def watch(self, sensors=None, from_tick: int | None = None) -> watching.SensorWatch:
+        """The world's sensor events as they happen (`for events in world.watch(): ...`, or as a
+        context manager): a resync first, then each tick with events for `sensors` (None: all), and
+        a heartbeat at least once a second. `from_tick=t` replays the ticks after t while the world
+        still holds them. Fold them with `dbvt_client.SensorSet`."""
+        request = watching.watch_request(self.name, sensors, from_tick)
+        return watching.SensorWatch(*self._client._transport.watch(request))
 
     def stats(self) -> dict:
         return stats_dict(self._client._transport.unary("GetWorldStats", pb.GetWorldStatsRequest(world=self.name)))
@@ -244,14 +266,14 @@ class BatchStream:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def submit(self, create=None, move=None, destroy=None, *, static=None, group=None, mask=None,
+    def submit(self, create=None, move=None, destroy=None, *, static=None, group=None, mask=None, sensor=None,
                expected_tick: int | None = None) -> Future:
-        ops = batches.encode(create, move, destroy, static, group, mask)
+        ops = batches.encode(create, move, destroy, static, group, mask, sensor)
         return self._submit_parts(batches.split(ops, self._world._client.max_message_bytes(), expected_tick))
 
-    def apply(self, create=None, move=None, destroy=None, *, static=None, group=None, mask=None,
+    def apply(self, create=None, move=None, destroy=None, *, static=None, group=None, mask=None, sensor=None,
               expected_tick: int | None = None) -> BatchResult:
-        return self.submit(create, move, destroy, static=static, group=group, mask=mask,
+        return self.submit(create, move, destroy, static=static, group=group, mask=mask, sensor=sensor,
                            expected_tick=expected_tick).result()
 
     def _apply_parts(self, parts: list[pb.Batch]) -> BatchResult:

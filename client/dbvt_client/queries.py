@@ -30,8 +30,8 @@ def _ranges(count: int, row_bytes: int, max_message_bytes: int) -> list[tuple[in
     return [(start, min(count, start + per_message)) for start in range(0, count, per_message)] or [(0, 0)]
 
 
-def _common(world: str, mask) -> dict:
-    fields = {"world": world}
+def _common(world: str, mask, include_sensors: bool = False) -> dict:
+    fields = {"world": world, "include_sensors": bool(include_sensors)}
     if mask is not None:
         mask = int(mask)
         if not 0 <= mask <= 0xFFFFFFFF:
@@ -48,15 +48,15 @@ def _csr_plan(method: str, requests: list, count: int) -> Plan:
     return Plan(method, requests, finish)
 
 
-def aabb(world: str, boxes, mask, max_message_bytes: int) -> Plan:
+def aabb(world: str, boxes, mask, max_message_bytes: int, include_sensors: bool = False) -> Plan:
     arr = wire.float_array(boxes, "boxes", 2)
-    base = _common(world, mask)
+    base = _common(world, mask, include_sensors)
     ranges = _ranges(len(arr), arr[:1].nbytes, max_message_bytes)
     requests = [pb.QueryAabbRequest(count=b - a, boxes=arr[a:b].tobytes(), **base) for a, b in ranges]
     return _csr_plan("QueryAabb", requests, len(arr))
 
 
-def sphere(world: str, centers, radii, mask, max_message_bytes: int) -> Plan:
+def sphere(world: str, centers, radii, mask, max_message_bytes: int, include_sensors: bool = False) -> Plan:
     arr = wire.float_array(centers, "centers", 2)
     if np.ndim(radii) == 0:
         # Spread before converting: a converted scalar comes back as one row (ascontiguousarray has ndim >= 1).
@@ -64,26 +64,27 @@ def sphere(world: str, centers, radii, mask, max_message_bytes: int) -> Plan:
     radii_arr = wire.float_array(radii, "radii", np.ndim(radii))
     if radii_arr.shape != (len(arr),):
         raise InvalidArgument(f"radii must be a scalar or have shape ({len(arr)},), got {radii_arr.shape}")
-    base = _common(world, mask)
+    base = _common(world, mask, include_sensors)
     ranges = _ranges(len(arr), arr[:1].nbytes + 4, max_message_bytes)
     requests = [pb.QuerySphereRequest(count=b - a, centers=arr[a:b].tobytes(), radii=radii_arr[a:b].tobytes(), **base)
                 for a, b in ranges]
     return _csr_plan("QuerySphere", requests, len(arr))
 
 
-def frustum(world: str, planes, mask, max_message_bytes: int) -> Plan:
+def frustum(world: str, planes, mask, max_message_bytes: int, include_sensors: bool = False) -> Plan:
     arr = wire.float_array(planes, "planes", 3)
-    base = _common(world, mask)
+    base = _common(world, mask, include_sensors)
     ranges = _ranges(len(arr), arr[:1].nbytes, max_message_bytes)
     requests = [pb.QueryFrustumRequest(count=b - a, planes_per_query=arr.shape[1], planes=arr[a:b].tobytes(), **base)
                 for a, b in ranges]
     return _csr_plan("QueryFrustum", requests, len(arr))
 
 
-def raycast(world: str, segments, first_hit: bool, mask, max_message_bytes: int) -> Plan:
+def raycast(world: str, segments, first_hit: bool, mask, max_message_bytes: int,
+            include_sensors: bool = False) -> Plan:
     arr = wire.float_array(segments, "segments", 2)
     mode = pb.RAYCAST_MODE_FIRST_HIT if first_hit else pb.RAYCAST_MODE_ALL_HITS
-    base = _common(world, mask)
+    base = _common(world, mask, include_sensors)
     ranges = _ranges(len(arr), arr[:1].nbytes, max_message_bytes)
     requests = [pb.RaycastRequest(count=b - a, segments=arr[a:b].tobytes(), mode=mode, **base) for a, b in ranges]
 
@@ -100,3 +101,10 @@ def pairs(world: str) -> Plan:
         return wire.decode_rows(response.pairs, wire.IDS, 2, "pairs").copy()
 
     return Plan("GetPairs", [pb.GetPairsRequest(world=world)], finish)
+
+
+def sensor_pairs(world: str) -> Plan:
+    def finish(response):
+        return wire.decode_rows(response.pairs, wire.IDS, 2, "pairs").copy()
+
+    return Plan("GetSensorPairs", [pb.GetSensorPairsRequest(world=world)], finish)

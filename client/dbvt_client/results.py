@@ -1,9 +1,13 @@
 """What the SDK returns: plain numpy arrays in small containers, never a generated message."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
+
+
+def _no_rows() -> np.ndarray:
+    return np.zeros((0, 2), np.uint64)
 
 
 @dataclass(frozen=True)
@@ -11,13 +15,16 @@ class BatchResult:
     """The world's tick after the batch and the pairs that began and ended in that tick.
 
     `begun` and `ended` are (m, 2) uint64 arrays of rows (a, b), a < b, sorted. `incarnation` is the
-    world's (see `WorldInfo`).
+    world's (see `WorldInfo`). `entered` and `left` are the tick's sensor events: (m, 2) uint64 rows
+    `[sensor, proxy]`, sorted.
     """
 
     tick: int
     begun: np.ndarray
     ended: np.ndarray
     incarnation: int = 0
+    entered: np.ndarray = field(default_factory=_no_rows)
+    left: np.ndarray = field(default_factory=_no_rows)
 
 
 class Hits(tuple):
@@ -85,6 +92,22 @@ class WorldInfo:
     max_pairs: int
     incarnation: int = 0
     ephemeral: bool = True
+    sensor_margin: float = 0.0
+
+
+@dataclass(frozen=True)
+class SensorEvents:
+    """One message of `world.watch()`: the world's `tick`, the `entered` and `left` rows `[sensor,
+    proxy]` of that tick (sorted), and, when `resync` is set, `inside`: the whole set at that tick,
+    which replaces whatever the watcher held. Without events and resync, a heartbeat: nothing
+    changed for the watched sensors up to `tick`."""
+
+    tick: int
+    entered: np.ndarray
+    left: np.ndarray
+    resync: bool
+    inside: np.ndarray
+    incarnation: int = 0
 
 
 @dataclass(frozen=True)

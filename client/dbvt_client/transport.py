@@ -24,7 +24,7 @@ CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_mess
 PORTLESS_SCHEMES = ("unix", "unix-abstract", "vsock")
 HOST_AND_PORT = re.compile(r"(\[[^\]]*\]|[^:\[\]]+):\d+")
 # RPCs that answer with a stream of parts of one answer.
-ANSWERED_IN_PARTS = ("ApplyBatch", "GetPairs", "ExportWorld")
+ANSWERED_IN_PARTS = ("ApplyBatch", "GetPairs", "ExportWorld", "GetSensorPairs")
 # Each query RPC's field in a QueryRequest, for query sets sent with Query.
 QUERY_FIELDS = {"QueryAabb": "aabb", "QuerySphere": "sphere", "Raycast": "raycast", "QueryFrustum": "frustum"}
 
@@ -123,6 +123,11 @@ class GrpcTransport:
             return getattr(self._stub, method)(iter(requests), timeout=self._timeout, metadata=self._metadata)
         except grpc.RpcError as error:
             raise from_rpc_error(error) from None
+
+    def watch(self, request: pb.WatchSensorsRequest):
+        """The world's sensor feed (an iterator of messages), and what stops it."""
+        call = self._stub.WatchSensors(request, metadata=self._metadata)
+        return call, call.cancel
 
     def stream(self, requests: Iterable[pb.StreamBatchesRequest]) -> Iterator[pb.StreamBatchesResponse]:
         try:

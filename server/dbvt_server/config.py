@@ -42,6 +42,8 @@ class Config:
     reflection: str = "on"
     health_port: int | None = None
     metrics_address: str | None = None
+    watch_history: int = 256
+    max_watch_backlog: int = 1024
     data_dir: str | None = None
     fsync: str = "everysec"
     snapshot_seconds: float = 60.0
@@ -143,6 +145,12 @@ SETTINGS = [
             "HOST:PORT serving Prometheus metrics at /metrics, and /healthz and /readyz, over HTTP",
             lambda address: split_address(address) is not None, "must be HOST:PORT, such as 0.0.0.0:9464",
             stated_default="none, off"),
+    Setting("watch_history", "DBVT_WATCH_HISTORY", int,
+            "ticks of sensor events each world keeps, so that a watcher resuming from a tick within them gets "
+            "what it missed instead of a resync", lambda ticks: ticks >= 0, "must be >= 0"),
+    Setting("max_watch_backlog", "DBVT_MAX_WATCH_BACKLOG", int,
+            "ticks a sensor watcher may fall behind; past it its backlog is dropped and it gets a resync",
+            _positive, "must be positive"),
     Setting("data_dir", "DBVT_DATA_DIR", str,
             "directory where worlds are kept across restarts (snapshots and a journal per world); one server "
             "per directory", stated_default="none, worlds live in memory only"),

@@ -7,7 +7,8 @@ moves between servers exactly as it is restored from disk. The layout (little-en
     version    u32
     meta size  u32      bytes of the JSON that follows
     body size  u64      bytes of dbvt.Broadphase.to_bytes() that follow the JSON
-    meta       JSON     name, dims, margin, max_proxies, track_pairs, max_pairs, tick, incarnation
+    meta       JSON     name, dims, margin, max_proxies, track_pairs, max_pairs, tick, incarnation,
+                        sensor_margin
     body       the core
     crc        u32      CRC-32 of everything before it
 
@@ -29,7 +30,8 @@ MAGIC = b"DBVTWRLD"
 VERSION = 1
 HEADER = struct.Struct("<8sIIQ")
 TRAILER = struct.Struct("<I")
-SETTINGS = ("name", "dims", "margin", "max_proxies", "track_pairs", "max_pairs", "tick", "incarnation")
+SETTINGS = ("name", "dims", "margin", "max_proxies", "track_pairs", "max_pairs", "tick", "incarnation",
+            "sensor_margin")
 
 
 class ImageError(ValueError):
@@ -90,6 +92,9 @@ def _check_against_core(settings: dict, broadphase: Broadphase) -> None:
         raise ImageError("the image's settings do not match its core (dims or track_pairs)")
     if struct.unpack("<f", struct.pack("<f", settings["margin"]))[0] != broadphase.margin:
         raise ImageError(f"the image's margin {settings['margin']} is not its core's ({broadphase.margin})")
+    if settings["sensor_margin"] != broadphase.sensor_margin:
+        raise ImageError(f"the image's sensor_margin {settings['sensor_margin']} is not its core's "
+                         f"({broadphase.sensor_margin})")
     if len(broadphase) > settings["max_proxies"]:
         raise ImageError(f"the image holds {len(broadphase)} proxies, more than its max_proxies "
                          f"{settings['max_proxies']}")
@@ -100,7 +105,7 @@ def _check_against_core(settings: dict, broadphase: Broadphase) -> None:
 
 def _check(settings: dict) -> None:
     kinds = {"name": str, "dims": int, "margin": (int, float), "max_proxies": int, "track_pairs": bool,
-             "max_pairs": int, "tick": int, "incarnation": int}
+             "max_pairs": int, "tick": int, "incarnation": int, "sensor_margin": (int, float)}
     for key, kind in kinds.items():
         if not isinstance(settings[key], kind) or (kind is int and isinstance(settings[key], bool)):
             raise ImageError(f"the image's {key} is {settings[key]!r}, not a {getattr(kind, '__name__', 'number')}")

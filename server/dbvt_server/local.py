@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from dbvt_client import parts
 from dbvt_client.errors import from_exception
 from dbvt_proto.v1 import broadphase_pb2 as pb
 from dbvt_server.service import Limits, Service
 from dbvt_server.staging import BatchStaging, stream_error, unfinished_error
+from dbvt_server.watch import heartbeat, watched_sensors
+
+# A watcher that has had no message for this long gets a heartbeat, as from the server.
+HEARTBEAT_SECONDS = 1.0
 
 # In-process calls carry no messages, so nothing needs splitting.
 UNLIMITED_MESSAGE_BYTES = 2**62
@@ -49,6 +53,40 @@ class LocalTransport:
                 return self.service.import_world(requests)
             except Exception as exc:
                 raise from_exception(exc) from None
+
+    def watch(self, request: pb.WatchSensorsRequest) -> tuple[Iterator[pb.WatchSensorsResponse], Callable[[], None]]:
+        """A world's sensor feed, as the server sends it, and what stops it."""
+        woken, stopped = threading.Event(), threading.Event()
+        with self._lock:
+            try:
+                world = self.service.world(request.world)
+                from_tick = request.from_tick if request.HasField("from_tick") else None
+                watcher = world.feed.watch(watched_sensors(request.sensors), from_tick, woken.set)
+            except Exception as exc:
+                raise from_exception(exc) from None
+
+        def feed() -> Iterator[pb.WatchSensorsResponse]:
+            try:
+                while not stopped.is_set():
+                    if watcher.needs_resync:
+                        with self._lock:
+                            world.feed.resync(watcher, world.broadphase.sensor_pairs())
+                    woken.clear()
+                    items, tick, closed = watcher.take()
+                    for events in items:
+                        yield events.message()
+                    if closed is not None and not items:
+                        raise closed
+                    if not items and not watcher.needs_resync and not woken.wait(HEARTBEAT_SECONDS):
+                        yield heartbeat(tick, world.incarnation)
+            finally:
+                world.feed.unwatch(watcher)
+
+        def stop() -> None:
+            stopped.set()
+            woken.set()
+
+        return feed(), stop
 
     def stream(self, requests: Iterable[pb.StreamBatchesRequest]) -> Iterator[pb.StreamBatchesResponse]:
         staging = self.staging()
@@ -127,6 +165,16 @@ class AsyncLocalTransport:
 
     async def upload(self, method: str, requests: list):
         return await asyncio.to_thread(self._local.upload, method, requests)
+
+    async def watch(self, request: pb.WatchSensorsRequest):
+        """The in-process feed, read on a thread."""
+        feed, stop = await asyncio.to_thread(self._local.watch, request)
+
+        async def messages():
+            while (message := await asyncio.to_thread(next, feed, None)) is not None:
+                yield message
+
+        return messages(), stop
 
     def open_stream(self) -> _LocalStream:
         return _LocalStream(self._local)

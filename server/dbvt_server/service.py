@@ -14,6 +14,7 @@ from dbvt_proto.v1 import broadphase_pb2 as pb
 from dbvt_server import __version__, images
 from dbvt_server.persistence import Store, new_incarnation
 from dbvt_server.staging import StagedBytes
+from dbvt_server.watch import SensorFeed
 from dbvt_server.worlds import WORLD_RPCS, World
 
 DEFAULT_DIMS = 3
@@ -24,12 +25,17 @@ FLOAT32_MAX = float(np.finfo(np.float32).max)
 # --max-hits-per-call).
 DEFAULT_MAX_PAIRS = 20_000_000
 DEFAULT_MAX_HITS = 25_000_000
+# Ticks of sensor events a world keeps for watchers that resume (--watch-history), and ticks a
+# watcher may fall behind before it gets a resync instead (--max-watch-backlog).
+DEFAULT_WATCH_HISTORY = 256
+DEFAULT_MAX_WATCH_BACKLOG = 1024
 
 
 class Limits:
     def __init__(self, max_worlds: int, max_proxies_per_world: int, max_message_bytes: int,
                  max_staged_bytes: int = 2**62, max_queued_per_world: int = 2**62,
-                 max_pairs_per_world: int = DEFAULT_MAX_PAIRS, max_hits_per_call: int = DEFAULT_MAX_HITS):
+                 max_pairs_per_world: int = DEFAULT_MAX_PAIRS, max_hits_per_call: int = DEFAULT_MAX_HITS,
+                 watch_history: int = DEFAULT_WATCH_HISTORY, max_watch_backlog: int = DEFAULT_MAX_WATCH_BACKLOG):
         self.max_worlds = max_worlds
         self.max_proxies_per_world = max_proxies_per_world
         self.max_message_bytes = max_message_bytes
@@ -37,6 +43,8 @@ class Limits:
         self.max_queued_per_world = max_queued_per_world
         self.max_pairs_per_world = max_pairs_per_world
         self.max_hits_per_call = max_hits_per_call
+        self.watch_history = watch_history
+        self.max_watch_backlog = max_watch_backlog
 
 
 class Service:
@@ -80,8 +88,14 @@ class Service:
         world = World(name, **settings, max_hits=self.limits.max_hits_per_call, incarnation=new_incarnation())
         if not world.ephemeral:
             world.files = self.store.create(world)
-        self._worlds[name] = world
+        self._adopt(world)
         return pb.CreateWorldResponse(world=world.info(), created=True)
+
+    def _adopt(self, world: World) -> None:
+        """Into the registry, with a feed for its sensors' watchers."""
+        world.feed = SensorFeed(world.tick, world.incarnation, self.limits.watch_history,
+                                self.limits.max_watch_backlog)
+        self._worlds[world.name] = world
 
     @staticmethod
     def _check_name(name: str) -> None:
@@ -113,10 +127,13 @@ class Service:
         if max_pairs > pair_limit:
             raise ResourceExhausted(f"max_pairs {max_pairs} is above the server's limit of {pair_limit} per world")
         track_pairs = request.track_pairs if request.HasField("track_pairs") else True
+        sensor_margin = request.sensor_margin if request.HasField("sensor_margin") else 0.0
+        if not np.isfinite(sensor_margin) or not 0 <= sensor_margin <= FLOAT32_MAX:
+            raise InvalidArgument(f"sensor_margin must be a finite number >= 0, not {sensor_margin}")
         # Without a data directory every world is ephemeral.
         ephemeral = request.ephemeral or self.store is None
         return dict(dims=dims, margin=margin, max_proxies=max_proxies, track_pairs=track_pairs, max_pairs=max_pairs,
-                    ephemeral=ephemeral)
+                    ephemeral=ephemeral, sensor_margin=sensor_margin)
 
     @staticmethod
     def _reattach(world: World, request: pb.CreateWorldRequest, settings: dict) -> World:
@@ -135,6 +152,7 @@ class Service:
     def delete_world(self, request: pb.DeleteWorldRequest) -> pb.DeleteWorldResponse:
         world = self.world(request.name)
         del self._worlds[request.name]
+        world.feed.close(NotFound(f"world {quoted(world.name)} was deleted"))
         if world.files is not None:
             self.store.forget(world.files)
             world.files.discard()
@@ -146,7 +164,7 @@ class Service:
         """Every world of the data directory, back in the registry (before the server serves)."""
         restored = self.store.restore(lambda image: World.from_image(image, self.limits.max_hits_per_call))
         for world in restored:
-            self._worlds[world.name] = world
+            self._adopt(world)
         return restored
 
     def snapshot_files(self, world: World):
@@ -207,7 +225,7 @@ class Service:
         """The reserved name freed, and the imported world (None: the import failed) registered."""
         self._arriving.discard(name)
         if world is not None:
-            self._worlds[name] = world
+            self._adopt(world)
 
     def list_worlds(self, request: pb.ListWorldsRequest, visible=lambda name: True) -> pb.ListWorldsResponse:
         """The worlds, sorted by name; only those `visible(name)` accepts."""

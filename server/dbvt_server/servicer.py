@@ -26,6 +26,7 @@ from dbvt_server.logs import Rejections, shown
 from dbvt_server.memory import give_back
 from dbvt_server.service import Service
 from dbvt_server.staging import STAGED_BYTES_PER_PROXY, BatchStaging, Hold, stream_error, unfinished_error
+from dbvt_server.watch import Watcher, heartbeat, watched_sensors
 from dbvt_server.world_queue import WorldQueue
 from dbvt_server.worlds import WORLD_RPCS, World
 
@@ -34,7 +35,7 @@ log = logging.getLogger("dbvt_server")
 # The right each world RPC needs on its world (a token's role grants read, write or admin).
 RIGHTS = {"GetWorldStats": "read", "QueryAabb": "read", "QuerySphere": "read", "Raycast": "read",
           "QueryFrustum": "read", "GetPairs": "read", "ApplyBatch": "write", "StreamBatches": "write",
-          "SnapshotWorld": "admin", "ExportWorld": "admin"}
+          "SnapshotWorld": "admin", "ExportWorld": "admin", "GetSensorPairs": "read", "WatchSensors": "read"}
 # The query RPCs, by the name of their field in a QueryRequest part.
 QUERY_KINDS = {"aabb": "QueryAabb", "sphere": "QuerySphere", "raycast": "Raycast", "frustum": "QueryFrustum"}
 
@@ -276,6 +277,53 @@ class BroadphaseServicer(pb_grpc.BroadphaseServiceServicer):
                 self.service.import_finish(name, None)
             hold.release()
 
+    async def GetSensorPairs(self, request, context):
+        async for part in self._answer_in_parts("GetSensorPairs", request, context):
+            yield part
+
+    async def WatchSensors(self, request, context):
+        """A world's sensor events, as its feed hands them to this watcher, each tick's message encoded
+        once for all the watchers that share it; a heartbeat after each second without a message."""
+        try:
+            _decoded(request)
+            access.require(RIGHTS["WatchSensors"], request.world)
+            world = self.service.world(request.world)
+            loop, ready = asyncio.get_running_loop(), asyncio.Event()
+            from_tick = request.from_tick if request.HasField("from_tick") else None
+            watcher = world.feed.watch(watched_sensors(request.sensors), from_tick,
+                                       lambda: loop.call_soon_threadsafe(ready.set))
+        except Exception as exc:
+            await self._abort(context, "WatchSensors", request, exc)
+        try:
+            while True:
+                if watcher.needs_resync:
+                    await self._resync(world, watcher)
+                ready.clear()
+                items, tick, closed = watcher.take()
+                for events in items:
+                    for part in _watch_parts(events, self._max_message_bytes):
+                        yield part
+                if closed is not None and not items:
+                    await self._abort(context, "WatchSensors", request, closed)
+                if items or watcher.needs_resync:
+                    continue
+                try:
+                    await asyncio.wait_for(ready.wait(), WATCH_HEARTBEAT_SECONDS)
+                except asyncio.TimeoutError:
+                    yield heartbeat(tick, world.incarnation).SerializeToString()
+        finally:
+            world.feed.unwatch(watcher)
+
+    async def _resync(self, world: World, watcher: Watcher) -> None:
+        """The world's whole sensor set put in the watcher's queue, on the world's thread; a busy
+        world is asked again shortly."""
+        while watcher.needs_resync and watcher.closed is None:
+            try:
+                await self._start(world, _resync_on_world, watcher)
+                return
+            except ResourceExhausted:
+                await asyncio.sleep(RESYNC_RETRY_SECONDS)
+
     async def Query(self, request_iterator, context):
         """The parts of a query set, joined, answered at one tick as one operation on the world, in parts."""
         # The set's bytes count against the staging budget until the call ends, however it ends.
@@ -396,6 +444,28 @@ def _unless_late(function, deadline: float):
     return unless_late
 
 
+def _resync_on_world(world: World, watcher: Watcher) -> None:
+    world.feed.resync(watcher, world.broadphase.sensor_pairs())
+
+
+def _watch_parts(events, max_bytes: int):
+    """A tick's message, serialized once for every watcher, or its parts when it does not fit (a big
+    resync)."""
+    serialized = events.serialized()
+    if len(serialized) <= max_bytes:
+        yield serialized
+        return
+    pieces = list(parts.cut(events.message(), max_bytes - parts.PART_OVERHEAD))
+    for number, piece in enumerate(pieces, 1):
+        piece.more_parts = number < len(pieces)
+        yield piece
+
+
+# A watcher that has had no message for this long gets a heartbeat with the world's tick.
+WATCH_HEARTBEAT_SECONDS = 1.0
+RESYNC_RETRY_SECONDS = 0.05
+
+
 def _snapshot_if_kept(world: World, request) -> None:
     # The world may have been deleted while this waited for its turn.
     if world.files is not None:
@@ -462,6 +532,15 @@ def _tolerant(message_class):
     return deserialize
 
 
+def _bytes_or(serialize):
+    """A serializer that also passes on messages already serialized (a tick shared by watchers)."""
+
+    def serialized(message) -> bytes:
+        return message if isinstance(message, bytes) else serialize(message)
+
+    return serialized
+
+
 def add_to_server(servicer: BroadphaseServicer, server: grpc.aio.Server) -> None:
     """What the generated add_BroadphaseServiceServicer_to_server does, with requests decoded by
     `_tolerant` deserializers."""
@@ -470,7 +549,7 @@ def add_to_server(servicer: BroadphaseServicer, server: grpc.aio.Server) -> None
         method.name: handlers.HANDLER_MAKERS[method.client_streaming, method.server_streaming](
             getattr(servicer, method.name),
             request_deserializer=_tolerant(getattr(pb, method.input_type.name)),
-            response_serializer=getattr(pb, method.output_type.name).SerializeToString)
+            response_serializer=_bytes_or(getattr(pb, method.output_type.name).SerializeToString))
         for method in service.methods
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, method_handlers),))

@@ -16,7 +16,7 @@ from dbvt_proto.v1 import broadphase_pb2 as pb
 
 # Generous: creating (41 bytes a row), moving (32) and destroying (8) every proxy of a full 3-D world.
 STAGED_BYTES_PER_PROXY = 96
-_COLUMNS = ("create_ids", "create_boxes", "create_static", "create_group", "create_mask",
+_COLUMNS = ("create_ids", "create_boxes", "create_static", "create_group", "create_mask", "create_sensor",
             "move_ids", "move_boxes", "destroy_ids")
 
 

@@ -31,7 +31,7 @@ def pack(arr: np.ndarray, dtype: np.dtype) -> bytes:
 def _renamed(exc: Exception, field: str) -> Exception:
     """The core names its argument `ids`/`boxes`; a batch has several, so say which one."""
     message = str(exc.args[0]) if exc.args else str(exc)
-    for argument in ("ids", "boxes", "static", "group", "mask"):
+    for argument in ("ids", "boxes", "static", "group", "mask", "sensor"):
         if message.startswith(argument + " "):
             message = f"{field}_{argument}{message[len(argument):]}"
             break
@@ -41,11 +41,13 @@ def _renamed(exc: Exception, field: str) -> Exception:
 class World:
     def __init__(self, name: str, dims: int, margin: float, max_proxies: int, track_pairs: bool,
                  max_pairs: int = 2**62, max_hits: int = -1, incarnation: int = 0, ephemeral: bool = True,
-                 broadphase: Broadphase | None = None, tick: int = 0):
+                 broadphase: Broadphase | None = None, tick: int = 0, sensor_margin: float = 0.0):
         self.name = name
         self.max_proxies = max_proxies
         self.max_pairs = max_pairs
-        self.broadphase = broadphase or Broadphase(dims=dims, margin=margin, track_pairs=track_pairs)
+        self.broadphase = broadphase or Broadphase(dims=dims, margin=margin, track_pairs=track_pairs,
+                                                   sensor_margin=sensor_margin)
+        self.sensor_margin = float(sensor_margin)
         # The core stops a query call past this many hits, before it has built their answer.
         self.broadphase.max_hits = max_hits
         self.dims = int(dims)
@@ -58,6 +60,8 @@ class World:
         # dbvt_server.persistence.WorldFiles of a world kept in the data directory: every batch is
         # journaled before it is applied.
         self.files = None
+        # dbvt_server.watch.SensorFeed: each tick's sensor events go to the world's watchers.
+        self.feed = None
 
     @classmethod
     def from_image(cls, image, max_hits: int, name: str | None = None, ephemeral: bool = False) -> "World":
@@ -71,12 +75,13 @@ class World:
         """What a world image keeps besides the core (dbvt_server.images.SETTINGS)."""
         return dict(name=self.name, dims=self.dims, margin=self.margin, max_proxies=self.max_proxies,
                     track_pairs=self.track_pairs, max_pairs=self.max_pairs, tick=self.tick,
-                    incarnation=self.incarnation)
+                    incarnation=self.incarnation, sensor_margin=self.sensor_margin)
 
     def info(self) -> pb.WorldInfo:
         return pb.WorldInfo(name=self.name, dims=self.dims, margin=self.margin, max_proxies=self.max_proxies,
                             proxies=len(self.broadphase), tick=self.tick, track_pairs=self.track_pairs,
-                            max_pairs=self.max_pairs, incarnation=self.incarnation, ephemeral=self.ephemeral)
+                            max_pairs=self.max_pairs, incarnation=self.incarnation, ephemeral=self.ephemeral,
+                            sensor_margin=self.sensor_margin)
 
     def stats(self, request: pb.GetWorldStatsRequest) -> pb.GetWorldStatsResponse:
         counts, measures = {}, {}
@@ -102,11 +107,15 @@ class World:
                                f"not at the expected tick {batch.expected_tick}; nothing of the batch was applied",
                                self.tick, self.incarnation)
         begun, ended = self._checked_apply(batch)
+        entered, left = self.broadphase.sensor_events()
         self.tick += 1
         if self.files is not None:
             self.files.applied(self)
+        if self.feed is not None:
+            self.feed.publish(self.tick, entered, left)
         return pb.BatchResult(tick=self.tick, begun=pack(begun, wire.IDS), ended=pack(ended, wire.IDS),
-                              incarnation=self.incarnation)
+                              incarnation=self.incarnation, entered=pack(entered, wire.IDS),
+                              left=pack(left, wire.IDS))
 
     def _checked_apply(self, batch: pb.Batch) -> tuple[np.ndarray, np.ndarray]:
         dims, bp = self.dims, self.broadphase
@@ -119,6 +128,7 @@ class World:
         static = wire.decode(batch.create_static, wire.FLAGS, (n,), "create_static") if batch.create_static else False
         group = wire.decode(batch.create_group, wire.BITS, (n,), "create_group") if batch.create_group else 1
         mask = wire.decode(batch.create_mask, wire.BITS, (n,), "create_mask") if batch.create_mask else 0xFFFFFFFF
+        sensor = wire.decode(batch.create_sensor, wire.FLAGS, (n,), "create_sensor") if batch.create_sensor else None
         try:
             validation.as_boxes(create_boxes, dims, n, "create_boxes")
             if n or len(destroy_ids):
@@ -141,15 +151,16 @@ class World:
         if self.files is not None:
             self.files.append(self, batch)
         try:
-            return self._changed(create_ids, create_boxes, static, group, mask, move_ids, move_boxes,
+            return self._changed(create_ids, create_boxes, (static, group, mask, sensor), move_ids, move_boxes,
                                  destroy_ids)
         except BaseException:
             if self.files is not None:
                 self.files.take_back()
             raise
 
-    def _changed(self, create_ids, create_boxes, static, group, mask, move_ids, move_boxes, destroy_ids):
+    def _changed(self, create_ids, create_boxes, settings, move_ids, move_boxes, destroy_ids):
         """The checked batch applied to the core; its begun and ended pairs."""
+        static, group, mask, sensor = settings
         bp, n = self.broadphase, len(create_ids)
         # What undoing the batch needs, should it take the world past its pair limit.
         moved_from = np.empty_like(move_boxes) if self.track_pairs and len(move_ids) else None
@@ -161,7 +172,7 @@ class World:
                 raise _renamed(exc, "destroy") from None
         if n:
             try:
-                bp.create(create_ids, create_boxes, static=static, group=group, mask=mask)
+                bp.create(create_ids, create_boxes, static=static, group=group, mask=mask, sensor=sensor)
             except (ValueError, KeyError) as exc:
                 raise _renamed(exc, "create") from None
         if len(move_ids):
@@ -190,15 +201,18 @@ class World:
             found = f"{bp.pair_count} pairs"
         except FatPairLimit:
             found = f"more than {FAT_PAIRS_PER_PAIR * self.max_pairs} pairs of boxes grown by the margin"
-        # Back to where the world was: the pairs are a function of the boxes and their settings.
+        # Back to where the world was: the pairs are a function of the boxes and their settings; who
+        # is inside a sensor also depends on history, so that is set back from the events.
+        refused = bp.sensor_events()
         if len(create_ids):
             bp.destroy(create_ids)
         if len(move_ids):
             bp.move(move_ids, moved_from)
         if len(destroy_ids):
-            boxes, (static, group, mask) = destroyed
-            bp.create(destroy_ids, boxes, static=static, group=group, mask=mask)
+            boxes, (static, group, mask, sensor) = destroyed
+            bp.create(destroy_ids, boxes, static=static, group=group, mask=mask, sensor=sensor)
         bp.update()
+        _set_sensors_back(bp, refused, bp.sensor_events())
         raise ResourceExhausted(f"the batch would give world {quoted(self.name)} {found}, past its limit of "
                                 f"{self.max_pairs} pairs (max_pairs); nothing of it was applied")
 
@@ -269,32 +283,40 @@ class World:
     def query_aabb(self, request: pb.QueryAabbRequest) -> pb.QueryAabbResponse:
         boxes = self._floats(request.boxes, (request.count, 2 * self.dims), "boxes")
         with self._hit_limit(request.count):
-            offsets, hits = self.broadphase.query_aabb(boxes, mask=self._mask(request))
+            offsets, hits = self.broadphase.query_aabb(boxes, mask=self._mask(request),
+                                                       include_sensors=request.include_sensors)
         return pb.QueryAabbResponse(tick=self.tick, incarnation=self.incarnation, offsets=pack(offsets, wire.OFFSETS), hits=pack(hits, wire.IDS))
 
     def query_sphere(self, request: pb.QuerySphereRequest) -> pb.QuerySphereResponse:
         centers = self._floats(request.centers, (request.count, self.dims), "centers")
         radii = wire.decode(request.radii, wire.FLOATS, (request.count,), "radii")
         with self._hit_limit(request.count):
-            offsets, hits = self.broadphase.query_sphere(centers, radii, mask=self._mask(request))
+            offsets, hits = self.broadphase.query_sphere(centers, radii, mask=self._mask(request),
+                                                         include_sensors=request.include_sensors)
         return pb.QuerySphereResponse(tick=self.tick, incarnation=self.incarnation, offsets=pack(offsets, wire.OFFSETS), hits=pack(hits, wire.IDS))
 
     def raycast(self, request: pb.RaycastRequest) -> pb.RaycastResponse:
         segments = self._floats(request.segments, (request.count, 2 * self.dims), "segments")
         first_hit = request.mode == pb.RAYCAST_MODE_FIRST_HIT
         with self._hit_limit(request.count):
-            offsets, hits, fractions = self.broadphase.raycast(segments, first_hit=first_hit, mask=self._mask(request))
+            offsets, hits, fractions = self.broadphase.raycast(segments, first_hit=first_hit, mask=self._mask(request),
+                                                               include_sensors=request.include_sensors)
         return pb.RaycastResponse(tick=self.tick, incarnation=self.incarnation, offsets=pack(offsets, wire.OFFSETS), hits=pack(hits, wire.IDS),
                                   fractions=pack(fractions, wire.FRACTIONS))
 
     def query_frustum(self, request: pb.QueryFrustumRequest) -> pb.QueryFrustumResponse:
         planes = self._floats(request.planes, (request.count, request.planes_per_query, self.dims + 1), "planes")
         with self._hit_limit(request.count):
-            offsets, hits = self.broadphase.query_frustum(planes, mask=self._mask(request))
+            offsets, hits = self.broadphase.query_frustum(planes, mask=self._mask(request),
+                                                          include_sensors=request.include_sensors)
         return pb.QueryFrustumResponse(tick=self.tick, incarnation=self.incarnation, offsets=pack(offsets, wire.OFFSETS), hits=pack(hits, wire.IDS))
 
     def pairs(self, request: pb.GetPairsRequest) -> pb.GetPairsResponse:
         return pb.GetPairsResponse(tick=self.tick, incarnation=self.incarnation, pairs=pack(self.broadphase.pairs(), wire.IDS))
+
+    def sensor_pairs(self, request: pb.GetSensorPairsRequest) -> pb.GetSensorPairsResponse:
+        return pb.GetSensorPairsResponse(tick=self.tick, incarnation=self.incarnation,
+                                         pairs=pack(self.broadphase.sensor_pairs(), wire.IDS))
 
     def apply_batch(self, request: pb.ApplyBatchRequest) -> pb.ApplyBatchResponse:
         return pb.ApplyBatchResponse(result=self.apply(request.batch))
@@ -303,6 +325,21 @@ class World:
         """The world's image (dbvt_server.images) at its current tick, which the server sends in parts."""
         data = b"".join(images.encode(self.settings(), self.broadphase))
         return pb.ExportWorldResponse(world=self.info(), total_bytes=len(data), data=data)
+
+
+def _set_sensors_back(bp: Broadphase, refused: tuple, undone: tuple) -> None:
+    """After a refused batch was undone: each sensor pair either update touched is set inside or
+    outside as before the batch (an undone move does not bring back a proxy that had left from the
+    margin band, nor take out one that entered there)."""
+    entered_before, left_before = (set(map(tuple, rows.tolist())) for rows in refused)
+    entered_undo, left_undo = (set(map(tuple, rows.tolist())) for rows in undone)
+    touched = sorted(entered_before | left_before | entered_undo | left_undo)
+    if not touched:
+        return
+    rows = np.array(touched, np.uint64).reshape(-1, 2)
+    inside = np.array([pair in left_before or (pair not in entered_before and pair in left_undo) for pair in touched])
+    alive = np.array([int(a) in bp and int(b) in bp for a, b in touched], bool)
+    bp.set_sensor_pairs(rows[alive], inside[alive])
 
 
 # The RPCs that act on one world, by method name: what the server runs under that world's lock.
@@ -314,5 +351,6 @@ WORLD_RPCS = {
     "Raycast": World.raycast,
     "QueryFrustum": World.query_frustum,
     "GetPairs": World.pairs,
+    "GetSensorPairs": World.sensor_pairs,
     "ExportWorld": World.export,
 }

@@ -135,6 +135,7 @@ class CreateWorldRequest(_message.Message):
     EXIST_OK_FIELD_NUMBER: _builtins.int
     MAX_PAIRS_FIELD_NUMBER: _builtins.int
     EPHEMERAL_FIELD_NUMBER: _builtins.int
+    SENSOR_MARGIN_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """1 to 128 printable characters."""
     dims: _builtins.int
@@ -161,6 +162,8 @@ class CreateWorldRequest(_message.Message):
     """
     ephemeral: _builtins.bool
     """Never written to the server's data directory: for throwaway matches. Compared on reattaching."""
+    sensor_margin: _builtins.float
+    """How far beyond a sensor's shape a proxy inside it may go before it leaves (>= 0; unset means 0)."""
     def __init__(
         self,
         *,
@@ -172,17 +175,22 @@ class CreateWorldRequest(_message.Message):
         exist_ok: _builtins.bool = ...,
         max_pairs: _builtins.int = ...,
         ephemeral: _builtins.bool = ...,
+        sensor_margin: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_margin", b"_margin", "_track_pairs", b"_track_pairs", "margin", b"margin", "track_pairs", b"track_pairs"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_margin", b"_margin", "_sensor_margin", b"_sensor_margin", "_track_pairs", b"_track_pairs", "margin", b"margin", "sensor_margin", b"sensor_margin", "track_pairs", b"track_pairs"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_margin", b"_margin", "_track_pairs", b"_track_pairs", "dims", b"dims", "ephemeral", b"ephemeral", "exist_ok", b"exist_ok", "margin", b"margin", "max_pairs", b"max_pairs", "max_proxies", b"max_proxies", "name", b"name", "track_pairs", b"track_pairs"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_margin", b"_margin", "_sensor_margin", b"_sensor_margin", "_track_pairs", b"_track_pairs", "dims", b"dims", "ephemeral", b"ephemeral", "exist_ok", b"exist_ok", "margin", b"margin", "max_pairs", b"max_pairs", "max_proxies", b"max_proxies", "name", b"name", "sensor_margin", b"sensor_margin", "track_pairs", b"track_pairs"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__margin: _TypeAlias = _typing.Literal["margin"]  # noqa: Y015
     _WhichOneofArgType__margin: _TypeAlias = _typing.Literal["_margin", b"_margin"]  # noqa: Y015
+    _WhichOneofReturnType__sensor_margin: _TypeAlias = _typing.Literal["sensor_margin"]  # noqa: Y015
+    _WhichOneofArgType__sensor_margin: _TypeAlias = _typing.Literal["_sensor_margin", b"_sensor_margin"]  # noqa: Y015
     _WhichOneofReturnType__track_pairs: _TypeAlias = _typing.Literal["track_pairs"]  # noqa: Y015
     _WhichOneofArgType__track_pairs: _TypeAlias = _typing.Literal["_track_pairs", b"_track_pairs"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__margin) -> _WhichOneofReturnType__margin | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__sensor_margin) -> _WhichOneofReturnType__sensor_margin | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__track_pairs) -> _WhichOneofReturnType__track_pairs | None: ...
 
@@ -297,6 +305,7 @@ class WorldInfo(_message.Message):
     MAX_PAIRS_FIELD_NUMBER: _builtins.int
     INCARNATION_FIELD_NUMBER: _builtins.int
     EPHEMERAL_FIELD_NUMBER: _builtins.int
+    SENSOR_MARGIN_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     dims: _builtins.int
     margin: _builtins.float
@@ -313,6 +322,7 @@ class WorldInfo(_message.Message):
     restored without the end of its journal).
     """
     ephemeral: _builtins.bool
+    sensor_margin: _builtins.float
     def __init__(
         self,
         *,
@@ -326,10 +336,11 @@ class WorldInfo(_message.Message):
         max_pairs: _builtins.int = ...,
         incarnation: _builtins.int = ...,
         ephemeral: _builtins.bool = ...,
+        sensor_margin: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dims", b"dims", "ephemeral", b"ephemeral", "incarnation", b"incarnation", "margin", b"margin", "max_pairs", b"max_pairs", "max_proxies", b"max_proxies", "name", b"name", "proxies", b"proxies", "tick", b"tick", "track_pairs", b"track_pairs"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dims", b"dims", "ephemeral", b"ephemeral", "incarnation", b"incarnation", "margin", b"margin", "max_pairs", b"max_pairs", "max_proxies", b"max_proxies", "name", b"name", "proxies", b"proxies", "sensor_margin", b"sensor_margin", "tick", b"tick", "track_pairs", b"track_pairs"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -443,6 +454,7 @@ class Batch(_message.Message):
     MOVE_BOXES_FIELD_NUMBER: _builtins.int
     DESTROY_IDS_FIELD_NUMBER: _builtins.int
     EXPECTED_TICK_FIELD_NUMBER: _builtins.int
+    CREATE_SENSOR_FIELD_NUMBER: _builtins.int
     create_ids: _builtins.bytes
     create_boxes: _builtins.bytes
     create_static: _builtins.bytes
@@ -457,6 +469,8 @@ class Batch(_message.Message):
     nothing. A client that lost an answer retries with the same expected_tick and learns whether the
     first try went in.
     """
+    create_sensor: _builtins.bytes
+    """uint8 per created row: 0 not a sensor, 1 a box sensor, 2 a sphere sensor. Empty: no sensors."""
     def __init__(
         self,
         *,
@@ -469,10 +483,11 @@ class Batch(_message.Message):
         move_boxes: _builtins.bytes = ...,
         destroy_ids: _builtins.bytes = ...,
         expected_tick: _builtins.int | None = ...,
+        create_sensor: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_expected_tick", b"_expected_tick", "expected_tick", b"expected_tick"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_tick", b"_expected_tick", "create_boxes", b"create_boxes", "create_group", b"create_group", "create_ids", b"create_ids", "create_mask", b"create_mask", "create_static", b"create_static", "destroy_ids", b"destroy_ids", "expected_tick", b"expected_tick", "move_boxes", b"move_boxes", "move_ids", b"move_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_tick", b"_expected_tick", "create_boxes", b"create_boxes", "create_group", b"create_group", "create_ids", b"create_ids", "create_mask", b"create_mask", "create_sensor", b"create_sensor", "create_static", b"create_static", "destroy_ids", b"destroy_ids", "expected_tick", b"expected_tick", "move_boxes", b"move_boxes", "move_ids", b"move_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__expected_tick: _TypeAlias = _typing.Literal["expected_tick"]  # noqa: Y015
     _WhichOneofArgType__expected_tick: _TypeAlias = _typing.Literal["_expected_tick", b"_expected_tick"]  # noqa: Y015
@@ -490,10 +505,15 @@ class BatchResult(_message.Message):
     BEGUN_FIELD_NUMBER: _builtins.int
     ENDED_FIELD_NUMBER: _builtins.int
     INCARNATION_FIELD_NUMBER: _builtins.int
+    ENTERED_FIELD_NUMBER: _builtins.int
+    LEFT_FIELD_NUMBER: _builtins.int
     tick: _builtins.int
     begun: _builtins.bytes
     ended: _builtins.bytes
     incarnation: _builtins.int
+    entered: _builtins.bytes
+    """The tick's sensor events: uint64 rows [sensor, proxy], sorted."""
+    left: _builtins.bytes
     def __init__(
         self,
         *,
@@ -501,10 +521,12 @@ class BatchResult(_message.Message):
         begun: _builtins.bytes = ...,
         ended: _builtins.bytes = ...,
         incarnation: _builtins.int = ...,
+        entered: _builtins.bytes = ...,
+        left: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["begun", b"begun", "ended", b"ended", "incarnation", b"incarnation", "tick", b"tick"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["begun", b"begun", "ended", b"ended", "entered", b"entered", "incarnation", b"incarnation", "left", b"left", "tick", b"tick"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -646,11 +668,14 @@ class QueryAabbRequest(_message.Message):
     COUNT_FIELD_NUMBER: _builtins.int
     BOXES_FIELD_NUMBER: _builtins.int
     MASK_FIELD_NUMBER: _builtins.int
+    INCLUDE_SENSORS_FIELD_NUMBER: _builtins.int
     world: _builtins.str
     count: _builtins.int
     """Number of query boxes."""
     boxes: _builtins.bytes
     mask: _builtins.int
+    include_sensors: _builtins.bool
+    """Sensors are skipped unless this is set."""
     def __init__(
         self,
         *,
@@ -658,10 +683,11 @@ class QueryAabbRequest(_message.Message):
         count: _builtins.int = ...,
         boxes: _builtins.bytes = ...,
         mask: _builtins.int | None = ...,
+        include_sensors: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_mask", b"_mask", "mask", b"mask"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_mask", b"_mask", "boxes", b"boxes", "count", b"count", "mask", b"mask", "world", b"world"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_mask", b"_mask", "boxes", b"boxes", "count", b"count", "include_sensors", b"include_sensors", "mask", b"mask", "world", b"world"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__mask: _TypeAlias = _typing.Literal["mask"]  # noqa: Y015
     _WhichOneofArgType__mask: _TypeAlias = _typing.Literal["_mask", b"_mask"]  # noqa: Y015
@@ -707,11 +733,14 @@ class QuerySphereRequest(_message.Message):
     CENTERS_FIELD_NUMBER: _builtins.int
     RADII_FIELD_NUMBER: _builtins.int
     MASK_FIELD_NUMBER: _builtins.int
+    INCLUDE_SENSORS_FIELD_NUMBER: _builtins.int
     world: _builtins.str
     count: _builtins.int
     centers: _builtins.bytes
     radii: _builtins.bytes
     mask: _builtins.int
+    include_sensors: _builtins.bool
+    """Sensors are skipped unless this is set."""
     def __init__(
         self,
         *,
@@ -720,10 +749,11 @@ class QuerySphereRequest(_message.Message):
         centers: _builtins.bytes = ...,
         radii: _builtins.bytes = ...,
         mask: _builtins.int | None = ...,
+        include_sensors: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_mask", b"_mask", "mask", b"mask"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_mask", b"_mask", "centers", b"centers", "count", b"count", "mask", b"mask", "radii", b"radii", "world", b"world"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_mask", b"_mask", "centers", b"centers", "count", b"count", "include_sensors", b"include_sensors", "mask", b"mask", "radii", b"radii", "world", b"world"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__mask: _TypeAlias = _typing.Literal["mask"]  # noqa: Y015
     _WhichOneofArgType__mask: _TypeAlias = _typing.Literal["_mask", b"_mask"]  # noqa: Y015
@@ -768,11 +798,14 @@ class RaycastRequest(_message.Message):
     SEGMENTS_FIELD_NUMBER: _builtins.int
     MODE_FIELD_NUMBER: _builtins.int
     MASK_FIELD_NUMBER: _builtins.int
+    INCLUDE_SENSORS_FIELD_NUMBER: _builtins.int
     world: _builtins.str
     count: _builtins.int
     segments: _builtins.bytes
     mode: Global___RaycastMode.ValueType
     mask: _builtins.int
+    include_sensors: _builtins.bool
+    """Sensors are skipped unless this is set."""
     def __init__(
         self,
         *,
@@ -781,10 +814,11 @@ class RaycastRequest(_message.Message):
         segments: _builtins.bytes = ...,
         mode: Global___RaycastMode.ValueType = ...,
         mask: _builtins.int | None = ...,
+        include_sensors: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_mask", b"_mask", "mask", b"mask"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_mask", b"_mask", "count", b"count", "mask", b"mask", "mode", b"mode", "segments", b"segments", "world", b"world"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_mask", b"_mask", "count", b"count", "include_sensors", b"include_sensors", "mask", b"mask", "mode", b"mode", "segments", b"segments", "world", b"world"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__mask: _TypeAlias = _typing.Literal["mask"]  # noqa: Y015
     _WhichOneofArgType__mask: _TypeAlias = _typing.Literal["_mask", b"_mask"]  # noqa: Y015
@@ -833,12 +867,15 @@ class QueryFrustumRequest(_message.Message):
     PLANES_PER_QUERY_FIELD_NUMBER: _builtins.int
     PLANES_FIELD_NUMBER: _builtins.int
     MASK_FIELD_NUMBER: _builtins.int
+    INCLUDE_SENSORS_FIELD_NUMBER: _builtins.int
     world: _builtins.str
     count: _builtins.int
     planes_per_query: _builtins.int
     """1 to 32."""
     planes: _builtins.bytes
     mask: _builtins.int
+    include_sensors: _builtins.bool
+    """Sensors are skipped unless this is set."""
     def __init__(
         self,
         *,
@@ -847,10 +884,11 @@ class QueryFrustumRequest(_message.Message):
         planes_per_query: _builtins.int = ...,
         planes: _builtins.bytes = ...,
         mask: _builtins.int | None = ...,
+        include_sensors: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_mask", b"_mask", "mask", b"mask"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_mask", b"_mask", "count", b"count", "mask", b"mask", "planes", b"planes", "planes_per_query", b"planes_per_query", "world", b"world"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_mask", b"_mask", "count", b"count", "include_sensors", b"include_sensors", "mask", b"mask", "planes", b"planes", "planes_per_query", b"planes_per_query", "world", b"world"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__mask: _TypeAlias = _typing.Literal["mask"]  # noqa: Y015
     _WhichOneofArgType__mask: _TypeAlias = _typing.Literal["_mask", b"_mask"]  # noqa: Y015
@@ -1143,3 +1181,120 @@ class ImportWorldResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ImportWorldResponse: _TypeAlias = ImportWorldResponse  # noqa: Y015
+
+@_typing.final
+class GetSensorPairsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORLD_FIELD_NUMBER: _builtins.int
+    world: _builtins.str
+    def __init__(
+        self,
+        *,
+        world: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["world", b"world"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetSensorPairsRequest: _TypeAlias = GetSensorPairsRequest  # noqa: Y015
+
+@_typing.final
+class GetSensorPairsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TICK_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    PAIRS_FIELD_NUMBER: _builtins.int
+    tick: _builtins.int
+    incarnation: _builtins.int
+    pairs: _builtins.bytes
+    """uint64 rows [sensor, proxy], sorted."""
+    def __init__(
+        self,
+        *,
+        tick: _builtins.int = ...,
+        incarnation: _builtins.int = ...,
+        pairs: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["incarnation", b"incarnation", "pairs", b"pairs", "tick", b"tick"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetSensorPairsResponse: _TypeAlias = GetSensorPairsResponse  # noqa: Y015
+
+@_typing.final
+class WatchSensorsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORLD_FIELD_NUMBER: _builtins.int
+    SENSORS_FIELD_NUMBER: _builtins.int
+    FROM_TICK_FIELD_NUMBER: _builtins.int
+    world: _builtins.str
+    sensors: _builtins.bytes
+    """uint64 ids of the sensors to watch; empty watches every sensor."""
+    from_tick: _builtins.int
+    """Replay the events after this tick when the world still holds them; otherwise start with a resync."""
+    def __init__(
+        self,
+        *,
+        world: _builtins.str = ...,
+        sensors: _builtins.bytes = ...,
+        from_tick: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_from_tick", b"_from_tick", "from_tick", b"from_tick"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_from_tick", b"_from_tick", "from_tick", b"from_tick", "sensors", b"sensors", "world", b"world"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__from_tick: _TypeAlias = _typing.Literal["from_tick"]  # noqa: Y015
+    _WhichOneofArgType__from_tick: _TypeAlias = _typing.Literal["_from_tick", b"_from_tick"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__from_tick) -> _WhichOneofReturnType__from_tick | None: ...
+
+Global___WatchSensorsRequest: _TypeAlias = WatchSensorsRequest  # noqa: Y015
+
+@_typing.final
+class WatchSensorsResponse(_message.Message):
+    """One tick of a watcher's feed. Folding the messages in order gives the exact set at each tick:
+    a resync replaces the set by `inside`; otherwise `left` rows leave it and `entered` rows join it.
+    Rows are uint64 [sensor, proxy], sorted. A message without events is a heartbeat.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TICK_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    ENTERED_FIELD_NUMBER: _builtins.int
+    LEFT_FIELD_NUMBER: _builtins.int
+    RESYNC_FIELD_NUMBER: _builtins.int
+    INSIDE_FIELD_NUMBER: _builtins.int
+    MORE_PARTS_FIELD_NUMBER: _builtins.int
+    tick: _builtins.int
+    incarnation: _builtins.int
+    entered: _builtins.bytes
+    left: _builtins.bytes
+    resync: _builtins.bool
+    inside: _builtins.bytes
+    more_parts: _builtins.bool
+    """More parts of this message follow (same tick): join their bytes columns."""
+    def __init__(
+        self,
+        *,
+        tick: _builtins.int = ...,
+        incarnation: _builtins.int = ...,
+        entered: _builtins.bytes = ...,
+        left: _builtins.bytes = ...,
+        resync: _builtins.bool = ...,
+        inside: _builtins.bytes = ...,
+        more_parts: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entered", b"entered", "incarnation", b"incarnation", "inside", b"inside", "left", b"left", "more_parts", b"more_parts", "resync", b"resync", "tick", b"tick"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchSensorsResponse: _TypeAlias = WatchSensorsResponse  # noqa: Y015

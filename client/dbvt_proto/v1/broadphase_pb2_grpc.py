@@ -100,6 +100,16 @@ class BroadphaseServiceStub:
                 request_serializer=dbvt__proto_dot_v1_dot_broadphase__pb2.GetPairsRequest.SerializeToString,
                 response_deserializer=dbvt__proto_dot_v1_dot_broadphase__pb2.GetPairsResponse.FromString,
                 _registered_method=True)
+        self.GetSensorPairs = channel.unary_stream(
+                '/dbvt.v1.BroadphaseService/GetSensorPairs',
+                request_serializer=dbvt__proto_dot_v1_dot_broadphase__pb2.GetSensorPairsRequest.SerializeToString,
+                response_deserializer=dbvt__proto_dot_v1_dot_broadphase__pb2.GetSensorPairsResponse.FromString,
+                _registered_method=True)
+        self.WatchSensors = channel.unary_stream(
+                '/dbvt.v1.BroadphaseService/WatchSensors',
+                request_serializer=dbvt__proto_dot_v1_dot_broadphase__pb2.WatchSensorsRequest.SerializeToString,
+                response_deserializer=dbvt__proto_dot_v1_dot_broadphase__pb2.WatchSensorsResponse.FromString,
+                _registered_method=True)
         self.SnapshotWorld = channel.unary_unary(
                 '/dbvt.v1.BroadphaseService/SnapshotWorld',
                 request_serializer=dbvt__proto_dot_v1_dot_broadphase__pb2.SnapshotWorldRequest.SerializeToString,
@@ -212,6 +222,23 @@ class BroadphaseServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetSensorPairs(self, request, context):
+        """Every [sensor, proxy] inside now, in one or more parts.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchSensors(self, request, context):
+        """A world's sensor events as they happen: first a resync (the whole set, and the tick it holds
+        at), then one message per tick with events for the watched sensors, in tick order, and a
+        heartbeat at least once a second while nothing happens. A watcher too slow to keep up gets a
+        resync instead of its backlog. Ends with NOT_FOUND when the world is deleted.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def SnapshotWorld(self, request, context):
         """Write a snapshot of a persistent world now (admin). FAILED_PRECONDITION for an ephemeral world or
         a server without --data-dir.
@@ -302,6 +329,16 @@ def add_BroadphaseServiceServicer_to_server(servicer, server):
                     servicer.GetPairs,
                     request_deserializer=dbvt__proto_dot_v1_dot_broadphase__pb2.GetPairsRequest.FromString,
                     response_serializer=dbvt__proto_dot_v1_dot_broadphase__pb2.GetPairsResponse.SerializeToString,
+            ),
+            'GetSensorPairs': grpc.unary_stream_rpc_method_handler(
+                    servicer.GetSensorPairs,
+                    request_deserializer=dbvt__proto_dot_v1_dot_broadphase__pb2.GetSensorPairsRequest.FromString,
+                    response_serializer=dbvt__proto_dot_v1_dot_broadphase__pb2.GetSensorPairsResponse.SerializeToString,
+            ),
+            'WatchSensors': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchSensors,
+                    request_deserializer=dbvt__proto_dot_v1_dot_broadphase__pb2.WatchSensorsRequest.FromString,
+                    response_serializer=dbvt__proto_dot_v1_dot_broadphase__pb2.WatchSensorsResponse.SerializeToString,
             ),
             'SnapshotWorld': grpc.unary_unary_rpc_method_handler(
                     servicer.SnapshotWorld,
@@ -671,6 +708,60 @@ class BroadphaseService:
             '/dbvt.v1.BroadphaseService/GetPairs',
             dbvt__proto_dot_v1_dot_broadphase__pb2.GetPairsRequest.SerializeToString,
             dbvt__proto_dot_v1_dot_broadphase__pb2.GetPairsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSensorPairs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/dbvt.v1.BroadphaseService/GetSensorPairs',
+            dbvt__proto_dot_v1_dot_broadphase__pb2.GetSensorPairsRequest.SerializeToString,
+            dbvt__proto_dot_v1_dot_broadphase__pb2.GetSensorPairsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchSensors(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/dbvt.v1.BroadphaseService/WatchSensors',
+            dbvt__proto_dot_v1_dot_broadphase__pb2.WatchSensorsRequest.SerializeToString,
+            dbvt__proto_dot_v1_dot_broadphase__pb2.WatchSensorsResponse.FromString,
             options,
             channel_credentials,
             insecure,

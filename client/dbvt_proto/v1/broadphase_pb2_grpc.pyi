@@ -83,6 +83,14 @@ class BroadphaseServiceStub:
     """
     GetPairs: _grpc.UnaryStreamMultiCallable[_broadphase_pb2.GetPairsRequest, _broadphase_pb2.GetPairsResponse]
     """Every current pair, in one or more parts."""
+    GetSensorPairs: _grpc.UnaryStreamMultiCallable[_broadphase_pb2.GetSensorPairsRequest, _broadphase_pb2.GetSensorPairsResponse]
+    """Every [sensor, proxy] inside now, in one or more parts."""
+    WatchSensors: _grpc.UnaryStreamMultiCallable[_broadphase_pb2.WatchSensorsRequest, _broadphase_pb2.WatchSensorsResponse]
+    """A world's sensor events as they happen: first a resync (the whole set, and the tick it holds
+    at), then one message per tick with events for the watched sensors, in tick order, and a
+    heartbeat at least once a second while nothing happens. A watcher too slow to keep up gets a
+    resync instead of its backlog. Ends with NOT_FOUND when the world is deleted.
+    """
     SnapshotWorld: _grpc.UnaryUnaryMultiCallable[_broadphase_pb2.SnapshotWorldRequest, _broadphase_pb2.SnapshotWorldResponse]
     """Write a snapshot of a persistent world now (admin). FAILED_PRECONDITION for an ephemeral world or
     a server without --data-dir.
@@ -128,6 +136,14 @@ class BroadphaseServiceAsyncStub(BroadphaseServiceStub):
     """
     GetPairs: _aio.UnaryStreamMultiCallable[_broadphase_pb2.GetPairsRequest, _broadphase_pb2.GetPairsResponse]  # type: ignore[assignment]
     """Every current pair, in one or more parts."""
+    GetSensorPairs: _aio.UnaryStreamMultiCallable[_broadphase_pb2.GetSensorPairsRequest, _broadphase_pb2.GetSensorPairsResponse]  # type: ignore[assignment]
+    """Every [sensor, proxy] inside now, in one or more parts."""
+    WatchSensors: _aio.UnaryStreamMultiCallable[_broadphase_pb2.WatchSensorsRequest, _broadphase_pb2.WatchSensorsResponse]  # type: ignore[assignment]
+    """A world's sensor events as they happen: first a resync (the whole set, and the tick it holds
+    at), then one message per tick with events for the watched sensors, in tick order, and a
+    heartbeat at least once a second while nothing happens. A watcher too slow to keep up gets a
+    resync instead of its backlog. Ends with NOT_FOUND when the world is deleted.
+    """
     SnapshotWorld: _aio.UnaryUnaryMultiCallable[_broadphase_pb2.SnapshotWorldRequest, _broadphase_pb2.SnapshotWorldResponse]  # type: ignore[assignment]
     """Write a snapshot of a persistent world now (admin). FAILED_PRECONDITION for an ephemeral world or
     a server without --data-dir.
@@ -248,6 +264,26 @@ class BroadphaseServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_broadphase_pb2.GetPairsResponse], _abc.AsyncIterator[_broadphase_pb2.GetPairsResponse]]:
         """Every current pair, in one or more parts."""
+
+    @_abc_1.abstractmethod
+    def GetSensorPairs(
+        self,
+        request: _broadphase_pb2.GetSensorPairsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_broadphase_pb2.GetSensorPairsResponse], _abc.AsyncIterator[_broadphase_pb2.GetSensorPairsResponse]]:
+        """Every [sensor, proxy] inside now, in one or more parts."""
+
+    @_abc_1.abstractmethod
+    def WatchSensors(
+        self,
+        request: _broadphase_pb2.WatchSensorsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_broadphase_pb2.WatchSensorsResponse], _abc.AsyncIterator[_broadphase_pb2.WatchSensorsResponse]]:
+        """A world's sensor events as they happen: first a resync (the whole set, and the tick it holds
+        at), then one message per tick with events for the watched sensors, in tick order, and a
+        heartbeat at least once a second while nothing happens. A watcher too slow to keep up gets a
+        resync instead of its backlog. Ends with NOT_FOUND when the world is deleted.
+        """
 
     @_abc_1.abstractmethod
     def SnapshotWorld(

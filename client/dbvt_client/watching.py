@@ -1,0 +1,145 @@
+"""`world.watch()`: a world's sensor events as they happen, for any client with read rights.
+
+The server sends a resync first (the whole set of `[sensor, proxy]` inside, at a tick), then one
+message per tick with events for the watched sensors, in tick order, and a heartbeat (no events)
+at least once a second while nothing happens. `SensorSet` folds them: after each message it holds
+the exact set at that message's tick.
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import AsyncIterator, Callable, Iterator
+
+import grpc
+import numpy as np
+
+from dbvt_client import parts, wire
+from dbvt_client.errors import InvalidArgument, from_rpc_error
+from dbvt_client.results import SensorEvents
+from dbvt_proto.v1 import broadphase_pb2 as pb
+
+
+def watch_request(world: str, sensors, from_tick) -> pb.WatchSensorsRequest:
+    request = pb.WatchSensorsRequest(world=world)
+    if sensors is not None:
+        request.sensors = wire.ids_array(sensors, "sensors").tobytes()
+    if from_tick is not None:
+        if isinstance(from_tick, bool) or not isinstance(from_tick, (int, np.integer)) or from_tick < 0:
+            raise InvalidArgument(f"from_tick must be None or a tick >= 0, not {from_tick!r}")
+        request.from_tick = int(from_tick)
+    return request
+
+
+def decoded(response: pb.WatchSensorsResponse) -> SensorEvents:
+    return SensorEvents(tick=response.tick, incarnation=response.incarnation,
+                        entered=wire.decode_rows(response.entered, wire.IDS, 2, "entered").copy(),
+                        left=wire.decode_rows(response.left, wire.IDS, 2, "left").copy(),
+                        resync=response.resync,
+                        inside=wire.decode_rows(response.inside, wire.IDS, 2, "inside").copy())
+
+
+class _Joiner:
+    """Whole messages from a feed whose big messages (a resync) come in parts."""
+
+    def __init__(self):
+        self._pieces: list = []
+
+    def whole(self, response: pb.WatchSensorsResponse) -> SensorEvents | None:
+        self._pieces.append(response)
+        if response.more_parts:
+            return None
+        message, self._pieces = parts.joined(self._pieces), []
+        return decoded(message)
+
+
+class SensorWatch:
+    """`for events in world.watch(): ...`; a context manager, or call `close()` to stop."""
+
+    def __init__(self, responses: Iterator, stop: Callable[[], None]):
+        self._responses = responses
+        self._stop = stop
+        self._joiner = _Joiner()
+        self._closed = False
+
+    def __iter__(self) -> "SensorWatch":
+        return self
+
+    def __next__(self) -> SensorEvents:
+        try:
+            for response in self._responses:
+                events = self._joiner.whole(response)
+                if events is not None:
+                    return events
+        except grpc.RpcError as error:
+            if self._closed:
+                raise StopIteration from None
+            raise from_rpc_error(error) from None
+        raise StopIteration
+
+    def __enter__(self) -> "SensorWatch":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._closed = True
+        self._stop()
+
+
+class AsyncSensorWatch:
+    """`async with world.watch() as feed: async for events in feed: ...`"""
+
+    def __init__(self, responses: AsyncIterator, stop: Callable[[], None]):
+        self._responses = responses
+        self._stop = stop
+        self._joiner = _Joiner()
+        self._closed = False
+
+    def __aiter__(self) -> "AsyncSensorWatch":
+        return self
+
+    async def __anext__(self) -> SensorEvents:
+        try:
+            async for response in self._responses:
+                events = self._joiner.whole(response)
+                if events is not None:
+                    return events
+        except (grpc.RpcError, asyncio.CancelledError) as error:
+            if self._closed:
+                raise StopAsyncIteration from None
+            if isinstance(error, asyncio.CancelledError):
+                raise
+            raise from_rpc_error(error) from None
+        raise StopAsyncIteration
+
+    async def __aenter__(self) -> "AsyncSensorWatch":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._closed = True
+        self._stop()
+
+
+class SensorSet:
+    """The set a feed describes, folded message by message: `inside` (rows `[sensor, proxy]`,
+    sorted) is exact at `tick` after each `fold`."""
+
+    def __init__(self):
+        self.tick: int | None = None
+        self._rows: set[tuple[int, int]] = set()
+
+    def fold(self, events: SensorEvents) -> None:
+        if events.resync:
+            self._rows = set(map(tuple, events.inside.tolist()))
+        else:
+            self._rows -= set(map(tuple, events.left.tolist()))
+            self._rows |= set(map(tuple, events.entered.tolist()))
+        self.tick = events.tick
+
+    @property
+    def inside(self) -> np.ndarray:
+        return np.array(sorted(self._rows), np.uint64).reshape(-1, 2)
