@@ -81,6 +81,14 @@ cdef void sort_pairs(IdPair *pairs, int64_t n) noexcept nogil:
 
 
 cdef int pairs_push(PairBuffer *buffer, uint64_t a, uint64_t b) noexcept nogil:
+    """Append the pair as (smaller id, larger id)."""
+    if a < b:
+        return rows_push(buffer, a, b)
+    return rows_push(buffer, b, a)
+
+
+cdef int rows_push(PairBuffer *buffer, uint64_t a, uint64_t b) noexcept nogil:
+    """Append the row (a, b) as it is: a sensor row is [sensor, proxy]."""
     cdef int64_t capacity
     cdef IdPair *pairs
     if buffer.count == buffer.capacity:
@@ -90,12 +98,8 @@ cdef int pairs_push(PairBuffer *buffer, uint64_t a, uint64_t b) noexcept nogil:
             return -1
         buffer.pairs = pairs
         buffer.capacity = capacity
-    if a < b:
-        buffer.pairs[buffer.count].a = a
-        buffer.pairs[buffer.count].b = b
-    else:
-        buffer.pairs[buffer.count].a = b
-        buffer.pairs[buffer.count].b = a
+    buffer.pairs[buffer.count].a = a
+    buffer.pairs[buffer.count].b = b
     buffer.count += 1
     return 0
 

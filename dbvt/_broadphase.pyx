@@ -22,7 +22,7 @@ import numpy as np
 
 from dbvt import validation
 
-from dbvt._batch cimport pairs_free, pairs_push, self_pairs, sort_int32, sort_pairs
+from dbvt._batch cimport pairs_free, pairs_push, rows_push, self_pairs, sort_int32, sort_pairs
 from dbvt._core cimport (
     PREFETCH_AHEAD, PROXY_LIVE, PROXY_MOVED, PROXY_REFAT, PROXY_SENSOR, PROXY_SENSOR_BOX, PROXY_SENSOR_SPHERE,
     PROXY_STATIC, QUERY_FAT_BOX, Hits, IdPair, PairBuffer, Proxy, Query, Stack, TreeCore, box_contains, boxes_overlap,
@@ -34,9 +34,6 @@ from dbvt._tree cimport TreeBase, pair_array, prefetch_move
 # pair tracking on, moved count, pending ended count, partner total, pending sensor leaves, sensor margin
 _STATE = struct.Struct("<qqqqqd")
 # A sensor's kind as create() takes it per row, and the flag each kind sets.
-SENSOR_KINDS = {None: 0, "none": 0, "box": 1, "sphere": 2}
-
-
 cdef inline uint32_t sensor_flag(unsigned char kind) noexcept nogil:
     return PROXY_SENSOR_BOX if kind == 1 else PROXY_SENSOR_SPHERE if kind == 2 else 0
 
@@ -45,33 +42,6 @@ cdef enum:
     TOUCHING = 1                    # the tight boxes overlap: the pair exists for the user
     INLINE_PARTNERS = 2
     FAT_LIMIT = 2                   # a status: update(max_fat_pairs=...) stopped at its limit
-
-
-def as_sensor_kinds(sensor, n: int) -> np.ndarray:
-    """create()'s `sensor=`: None, "box" or "sphere" for every row, or one uint8 kind per row
-    (0 none, 1 box, 2 sphere)."""
-    if sensor is None or isinstance(sensor, str):
-        if sensor not in SENSOR_KINDS:
-            raise ValueError(f"sensor must be None, 'box', 'sphere' or per-row kinds 0, 1, 2, not {sensor!r}")
-        return np.full(n, SENSOR_KINDS[sensor], np.uint8)
-    kinds = np.asarray(sensor)
-    if kinds.ndim == 0:
-        kinds = np.full(n, kinds)
-    if kinds.shape != (n,):
-        raise ValueError(f"sensor must be a scalar or have shape ({n},), got {kinds.shape}")
-    if kinds.dtype.kind not in "iub":
-        raise ValueError(f"sensor kinds must be integers 0 (none), 1 (box) or 2 (sphere), not {kinds.dtype}")
-    wrong = np.flatnonzero((kinds < 0) | (kinds > 2))
-    if wrong.size:
-        raise ValueError(f"sensor row {wrong[0]}: kind {kinds[wrong[0]]} is not 0 (none), 1 (box) or 2 (sphere)")
-    return np.ascontiguousarray(kinds, np.uint8)
-
-
-def _checked_sensor_margin(value) -> float:
-    margin = float(value)
-    if not np.isfinite(margin) or margin < 0.0:
-        raise ValueError(f"sensor_margin must be a finite number >= 0, not {value!r}")
-    return margin
 
 
 cdef object _pair_copy(const PairBuffer *buffer):
@@ -302,7 +272,7 @@ cdef class Broadphase(TreeBase):
         self.core.dims = validation.check_dims(dims)
         self.core.margin = validation.check_margin(margin)
         self.track_pairs = bool(track_pairs)
-        self.sensor_margin = _checked_sensor_margin(sensor_margin)
+        self.sensor_margin = validation.check_sensor_margin(sensor_margin)
 
     def __dealloc__(self):
         cdef int32_t i
@@ -383,7 +353,7 @@ cdef class Broadphase(TreeBase):
         cdef const unsigned char[::1] statics = validation.as_flags(static, n, "static")
         cdef const uint32_t[::1] group_view = validation.as_uint32(group, n, "group")
         cdef const uint32_t[::1] mask_view = validation.as_uint32(mask, n, "mask")
-        kind_arr = as_sensor_kinds(sensor, n)
+        kind_arr = validation.as_sensor_kinds(sensor, n)
         cdef const unsigned char[::1] kinds = kind_arr
         if not self.track_pairs and kind_arr.any():
             raise ValueError("sensors need pair tracking: this broadphase has track_pairs=False")
@@ -502,7 +472,7 @@ cdef class Broadphase(TreeBase):
             if is_sensor(&self.core, b):
                 a, b = b, a
             self.inside -= 1
-            return pairs_push(left, self.core.proxies[a].id, self.core.proxies[b].id)
+            return rows_push(left, self.core.proxies[a].id, self.core.proxies[b].id)
         self.touching -= 1
         return pairs_push(ended, self.core.proxies[a].id, self.core.proxies[b].id)
 
@@ -606,8 +576,8 @@ cdef class Broadphase(TreeBase):
                 if status == 0 and t.proxies[proxy].flags & PROXY_LIVE and is_sensor(t, proxy):
                     items = items_of(&self.partners[proxy])
                     for k in range(self.partners[proxy].count):
-                        if items[k] & TOUCHING and pairs_push(&buffer, t.proxies[proxy].id,
-                                                               t.proxies[items[k] >> 1].id) != 0:
+                        if items[k] & TOUCHING and rows_push(&buffer, t.proxies[proxy].id,
+                                                              t.proxies[items[k] >> 1].id) != 0:
                             status = -1
                             break
             sort_pairs(buffer.pairs, buffer.count)
@@ -769,7 +739,7 @@ cdef class Broadphase(TreeBase):
         entry[0] ^= TOUCHING
         partners_find(&self.partners[other], proxy)[0] ^= TOUCHING
         self.inside += 1 if now else -1
-        return pairs_push(&self.entered if now else &self.left, t.proxies[sensor].id, t.proxies[visitor].id)
+        return rows_push(&self.entered if now else &self.left, t.proxies[sensor].id, t.proxies[visitor].id)
 
     def pairs(self):
         """All current pairs, `(m, 2)` uint64 rows a < b, sorted. Exact even with moves pending."""
@@ -988,7 +958,7 @@ cdef class Broadphase(TreeBase):
         (track_pairs, moved_count, ended_count, total, leaving_count,
          sensor_margin) = _STATE.unpack(bytes(view[at:at + _STATE.size]))
         bp.track_pairs = bool(track_pairs)
-        bp.sensor_margin = _checked_sensor_margin(sensor_margin)
+        bp.sensor_margin = validation.check_sensor_margin(sensor_margin)
         at += _STATE.size
         capacity = bp.core.proxy_capacity
         sizes = [4 * capacity, 4 * capacity, 4 * capacity, 4 * total, 4 * moved_count, 16 * ended_count,
@@ -1031,7 +1001,7 @@ cdef class Broadphase(TreeBase):
                 if not failed and pairs_push(&bp.ended, ended_view[2 * e], ended_view[2 * e + 1]) != 0:
                     failed = 1
             for e in range(leaves):
-                if not failed and pairs_push(&bp.leaving, leaving_view[2 * e], leaving_view[2 * e + 1]) != 0:
+                if not failed and rows_push(&bp.leaving, leaving_view[2 * e], leaving_view[2 * e + 1]) != 0:
                     failed = 1
             bp._count_touching()
         if failed:

@@ -161,7 +161,9 @@ cdef inline bint listed_allowed(const TreeCore *t, const uint32_t *groups, const
                                 int32_t a, int32_t b) noexcept nogil:
     """The broadphase's filter of pairs and sensor pairs alike: never two static proxies, never two
     sensors, and each group must meet the other's mask."""
-    if t.proxies[a].flags & t.proxies[b].flags & (PROXY_STATIC | PROXY_SENSOR):
+    if t.proxies[a].flags & t.proxies[b].flags & PROXY_STATIC:
+        return False
+    if (t.proxies[a].flags & PROXY_SENSOR) and (t.proxies[b].flags & PROXY_SENSOR):
         return False
     return (groups[a] & masks[b]) != 0 and (groups[b] & masks[a]) != 0
 

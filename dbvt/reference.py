@@ -317,29 +317,29 @@ class _Structure:
         return {"proxies": n, "nodes": n, "height": 0, "area_ratio": 1.0, "memory_bytes": int(memory),
                 "dims": self._dims, "margin": self._margin}
 
-    def _visible(self, mask) -> np.ndarray:
+    def _visible(self, mask, include_sensors: bool) -> np.ndarray:
         return np.ones(len(self._proxies), bool)
 
-    def _query_set(self, mask):
-        keep = self._visible(mask)
+    def _query_set(self, mask, include_sensors: bool):
+        keep = self._visible(mask, include_sensors)
         return self._proxies.columns["tight"][keep], self._proxies.ids[keep]
 
-    def _aabb(self, boxes, mask=None):
+    def _aabb(self, boxes, mask=None, include_sensors=False):
         queries = v.as_boxes(boxes, self._dims)
-        return box_hits(*self._query_set(v.as_mask(mask)), self._dims, queries)
+        return box_hits(*self._query_set(v.as_mask(mask), include_sensors), self._dims, queries)
 
-    def _sphere(self, centers, radii, mask=None):
+    def _sphere(self, centers, radii, mask=None, include_sensors=False):
         centers = v.as_points(centers, self._dims, "centers")
         radii = v.as_radii(radii, len(centers))
-        return sphere_hits(*self._query_set(v.as_mask(mask)), self._dims, centers, radii)
+        return sphere_hits(*self._query_set(v.as_mask(mask), include_sensors), self._dims, centers, radii)
 
-    def _ray(self, segments, first_hit=False, mask=None):
+    def _ray(self, segments, first_hit=False, mask=None, include_sensors=False):
         segments = v.as_segments(segments, self._dims)
-        return ray_hits(*self._query_set(v.as_mask(mask)), self._dims, segments, bool(first_hit))
+        return ray_hits(*self._query_set(v.as_mask(mask), include_sensors), self._dims, segments, bool(first_hit))
 
-    def _frustum(self, planes, mask=None):
+    def _frustum(self, planes, mask=None, include_sensors=False):
         planes = v.as_planes(planes, self._dims)
-        return frustum_hits(*self._query_set(v.as_mask(mask)), self._dims, planes)
+        return frustum_hits(*self._query_set(v.as_mask(mask), include_sensors), self._dims, planes)
 
     def _dump(self, **extra) -> bytes:
         return _save_arrays(kind=np.array(self._kind), dims=np.array(self._dims),
@@ -401,16 +401,23 @@ class Tree(_Structure):
 
 
 class Broadphase(_Structure):
-    """Brute-force `dbvt.Broadphase`: `update()` diffs the whole pair set against the previous one.
-    With `track_pairs=False` it reports nothing; `pairs()` is computed on demand either way."""
+    """Brute-force `dbvt.Broadphase`: `update()` diffs the whole pair set against the previous one,
+    and recomputes every sensor pair from the rule itself. With `track_pairs=False` it reports
+    nothing; `pairs()` is computed on demand either way."""
 
     _kind = "Broadphase"
 
-    def __init__(self, dims: int = 3, margin: float = 0.05, track_pairs: bool = True):
+    def __init__(self, dims: int = 3, margin: float = 0.05, track_pairs: bool = True, sensor_margin: float = 0.0):
         super().__init__(dims, margin, static=np.zeros(0, np.uint8), group=np.zeros(0, np.uint32),
-                         mask=np.zeros(0, np.uint32))
+                         mask=np.zeros(0, np.uint32), sensor=np.zeros(0, np.uint8))
         self._track_pairs = bool(track_pairs)
         self._reported = np.zeros((0, 2), np.uint64)
+        self.sensor_margin = v.check_sensor_margin(sensor_margin)
+        # [sensor id, proxy id] inside as of the last update() (less destroyed proxies), those the
+        # destroys since took out, and the last update()'s events.
+        self._inside: set[tuple[int, int]] = set()
+        self._leaving: set[tuple[int, int]] = set()
+        self._events = (_sorted_pairs(set()), _sorted_pairs(set()))
 
     @property
     def track_pairs(self) -> bool:
@@ -424,14 +431,24 @@ class Broadphase(_Structure):
     def stats(self) -> dict:
         return {**super().stats(), "track_pairs": self._track_pairs}
 
-    def create(self, ids, boxes, static=False, group=1, mask=v.UINT32_MAX) -> None:
+    def create(self, ids, boxes, static=False, group=1, mask=v.UINT32_MAX, sensor=None) -> None:
         ids = v.as_ids(ids)
         boxes = v.as_boxes(boxes, self._dims, len(ids))
         static = v.as_flags(static, len(ids), "static")
         group = v.as_uint32(group, len(ids), "group")
         mask = v.as_uint32(mask, len(ids), "mask")
+        sensor = v.as_sensor_kinds(sensor, len(ids))
+        if not self._track_pairs and sensor.any():
+            raise ValueError("sensors need pair tracking: this broadphase has track_pairs=False")
         self._proxies.check_new(ids)
-        self._proxies.add(ids, tight=boxes, fat=self._fatten(boxes), static=static, group=group, mask=mask)
+        self._proxies.add(ids, tight=boxes, fat=self._fatten(boxes), static=static, group=group, mask=mask,
+                          sensor=sensor)
+
+    def settings(self, ids):
+        rows = self._proxies.rows_of(v.as_ids(ids))
+        columns = self._proxies.columns
+        return (columns["static"][rows].copy(), columns["group"][rows].copy(), columns["mask"][rows].copy(),
+                columns["sensor"][rows].copy())
 
     def move(self, ids, boxes) -> int:
         return self._retarget(ids, boxes)
@@ -439,13 +456,21 @@ class Broadphase(_Structure):
     def destroy(self, ids) -> None:
         ids = v.as_ids(ids)
         self._proxies.delete(self._proxies.rows_of(ids))
+        gone = set(ids.tolist())
+        taken = {pair for pair in self._inside if pair[0] in gone or pair[1] in gone}
+        self._inside -= taken
+        self._leaving |= taken
+
+    def _allowed(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        group, mask, static = (self._proxies.columns[name] for name in ("group", "mask", "static"))
+        filtered = ((group[a] & mask[b]) != 0) & ((group[b] & mask[a]) != 0)
+        return filtered & ~((static[a] != 0) & (static[b] != 0))
 
     def pairs(self) -> np.ndarray:
         columns = self._proxies.columns
         a, b = overlapping_rows(columns["tight"], self._dims)
-        group, mask, static = columns["group"], columns["mask"], columns["static"]
-        filtered = ((group[a] & mask[b]) != 0) & ((group[b] & mask[a]) != 0)
-        allowed = filtered & ~((static[a] != 0) & (static[b] != 0))
+        sensor = columns["sensor"]
+        allowed = self._allowed(a, b) & (sensor[a] == 0) & (sensor[b] == 0)
         return pair_rows(self._proxies.ids, a[allowed], b[allowed])
 
     def update(self):
@@ -454,24 +479,57 @@ class Broadphase(_Structure):
         current = self.pairs()
         now, before = set(map(tuple, current.tolist())), set(map(tuple, self._reported.tolist()))
         self._reported = current
+        self._update_sensors()
         return _sorted_pairs(now - before), _sorted_pairs(before - now)
 
-    def _visible(self, mask) -> np.ndarray:
-        if mask is None:
-            return np.ones(len(self._proxies), bool)
-        return (self._proxies.columns["group"] & np.uint32(mask)) != 0
+    def _update_sensors(self) -> None:
+        """The rule, for every sensor and proxy: one outside enters when it touches the shape; one
+        inside stays while it touches the shape grown by sensor_margin."""
+        ids, columns = self._proxies.ids, self._proxies.columns
+        sensors = np.flatnonzero(columns["sensor"])
+        others = np.flatnonzero(columns["sensor"] == 0)
+        inside = set()
+        if len(sensors) and len(others):
+            s_rows, p_rows = (grid.ravel() for grid in np.meshgrid(sensors, others, indexing="ij"))
+            keep = self._allowed(s_rows, p_rows)
+            s_rows, p_rows = s_rows[keep], p_rows[keep]
+            pair_ids = list(zip(ids[s_rows].tolist(), ids[p_rows].tolist()))
+            was = np.array([pair in self._inside for pair in pair_ids], bool)
+            grow = np.where(was, self.sensor_margin, 0.0)
+            touches = sensor_touches(columns["tight"][s_rows], columns["sensor"][s_rows],
+                                     columns["tight"][p_rows], self._dims, grow)
+            inside = {pair for pair, now in zip(pair_ids, touches) if now}
+        before = self._inside | self._leaving
+        self._events = (_sorted_pairs(inside - before), _sorted_pairs(before - inside))
+        self._inside, self._leaving = inside, set()
 
-    def query_aabb(self, boxes, mask=None):
-        return self._aabb(boxes, mask)
+    def sensor_events(self):
+        return self._events[0].copy(), self._events[1].copy()
 
-    def query_sphere(self, centers, radii, mask=None):
-        return self._sphere(centers, radii, mask)
+    def sensor_pairs(self) -> np.ndarray:
+        return _sorted_pairs(self._inside)
 
-    def raycast(self, segments, first_hit=False, mask=None):
-        return self._ray(segments, first_hit, mask)
+    def set_sensor_pairs(self, rows, inside) -> None:
+        rows = np.asarray(rows, np.uint64).reshape(-1, 2)
+        for pair, flag in zip(map(tuple, rows.tolist()), v.as_flags(inside, len(rows), "inside")):
+            (self._inside.add if flag else self._inside.discard)(pair)
 
-    def query_frustum(self, planes, mask=None):
-        return self._frustum(planes, mask)
+    def _visible(self, mask, include_sensors: bool) -> np.ndarray:
+        columns = self._proxies.columns
+        keep = np.ones(len(self._proxies), bool) if mask is None else (columns["group"] & np.uint32(mask)) != 0
+        return keep if include_sensors else keep & (columns["sensor"] == 0)
+
+    def query_aabb(self, boxes, mask=None, include_sensors=False):
+        return self._aabb(boxes, mask, include_sensors)
+
+    def query_sphere(self, centers, radii, mask=None, include_sensors=False):
+        return self._sphere(centers, radii, mask, include_sensors)
+
+    def raycast(self, segments, first_hit=False, mask=None, include_sensors=False):
+        return self._ray(segments, first_hit, mask, include_sensors)
+
+    def query_frustum(self, planes, mask=None, include_sensors=False):
+        return self._frustum(planes, mask, include_sensors)
 
     def validate(self) -> None:
         super().validate()
@@ -480,15 +538,43 @@ class Broadphase(_Structure):
             raise RuntimeError("the pair set reported by the last update() is malformed")
 
     def to_bytes(self) -> bytes:
-        return self._dump(reported=self._reported, track_pairs=np.array(self._track_pairs))
+        return self._dump(reported=self._reported, track_pairs=np.array(self._track_pairs),
+                          sensor_margin=np.array(self.sensor_margin), inside=_sorted_pairs(self._inside),
+                          leaving=_sorted_pairs(self._leaving))
 
     @classmethod
     def from_bytes(cls, data) -> "Broadphase":
-        made, arrays = cls._restore(data, ("static", "group", "mask", "reported", "track_pairs"))
+        made, arrays = cls._restore(data, ("static", "group", "mask", "sensor", "reported", "track_pairs",
+                                           "sensor_margin", "inside", "leaving"))
         made._reported = np.asarray(arrays["reported"], np.uint64).reshape(-1, 2)
         made._track_pairs = bool(arrays["track_pairs"])
+        made.sensor_margin = v.check_sensor_margin(float(arrays["sensor_margin"]))
+        made._inside = set(map(tuple, np.asarray(arrays["inside"], np.uint64).reshape(-1, 2).tolist()))
+        made._leaving = set(map(tuple, np.asarray(arrays["leaving"], np.uint64).reshape(-1, 2).tolist()))
         made.validate()
         return made
+
+
+def sensor_touches(shapes: np.ndarray, kinds: np.ndarray, boxes: np.ndarray, dims: int, grow) -> np.ndarray:
+    """Whether each box touches its sensor's shape grown by `grow` (closed), in float64 with the
+    core's operations: a box sensor's tight box grown on every side; a sphere sensor's largest
+    inner ball (centre the box's, radius half its smallest side) with radius + grow."""
+    s, b = shapes.astype(np.float64), boxes.astype(np.float64)
+    grow = np.broadcast_to(np.asarray(grow, np.float64), (len(s),))
+    box_touch = np.ones(len(s), bool)
+    for i in range(dims):
+        box_touch &= ~((b[:, i] > s[:, i + dims] + grow) | (b[:, i + dims] < s[:, i] - grow))
+    radius = 0.5 * (s[:, dims] - s[:, 0])
+    distance_sq = np.zeros(len(s))
+    for i in range(dims):
+        if i:
+            radius = np.minimum(radius, 0.5 * (s[:, i + dims] - s[:, i]))
+    for i in range(dims):
+        centre = 0.5 * (s[:, i] + s[:, i + dims])
+        gap = np.maximum(np.maximum(b[:, i] - centre, centre - b[:, i + dims]), 0.0)
+        distance_sq = distance_sq + gap * gap
+    radius = radius + grow
+    return np.where(kinds == 1, box_touch, distance_sq <= radius * radius)
 
 
 def _sorted_pairs(pairs: set) -> np.ndarray:

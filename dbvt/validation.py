@@ -25,6 +25,36 @@ def check_margin(margin: float) -> float:
     return margin
 
 
+def check_sensor_margin(margin: float) -> float:
+    value = float(margin)
+    if not np.isfinite(value) or value < 0.0:
+        raise ValueError(f"sensor_margin must be a finite number >= 0, not {margin!r}")
+    return value
+
+
+SENSOR_KINDS = {None: 0, "box": 1, "sphere": 2}
+
+
+def as_sensor_kinds(sensor, rows: int) -> np.ndarray:
+    """create()'s `sensor=`: None, "box" or "sphere" for every row, or one kind per row (0 none, 1 box,
+    2 sphere), as uint8."""
+    if sensor is None or isinstance(sensor, str):
+        if sensor not in SENSOR_KINDS:
+            raise ValueError(f"sensor must be None, 'box', 'sphere' or per-row kinds 0, 1, 2, not {sensor!r}")
+        return np.full(rows, SENSOR_KINDS[sensor], np.uint8)
+    kinds = np.asarray(sensor)
+    if kinds.ndim == 0:
+        kinds = np.full(rows, kinds)
+    if kinds.shape != (rows,):
+        raise ValueError(f"sensor must be a scalar or have shape ({rows},), got {kinds.shape}")
+    if kinds.dtype.kind not in "iub":
+        raise ValueError(f"sensor kinds must be integers 0 (none), 1 (box) or 2 (sphere), not {kinds.dtype}")
+    wrong = np.flatnonzero((kinds < 0) | (kinds > 2))
+    if wrong.size:
+        raise ValueError(f"sensor row {wrong[0]}: kind {kinds[wrong[0]]} is not 0 (none), 1 (box) or 2 (sphere)")
+    return np.ascontiguousarray(kinds, np.uint8)
+
+
 def as_ids(ids, name: str = "ids") -> np.ndarray:
     """A 1-D C-contiguous uint64 array of user ids."""
     arr = np.asarray(ids)

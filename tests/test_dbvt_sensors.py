@@ -1,0 +1,177 @@
+"""Sensors in the core, beside `dbvt.reference`: a hypothesis state machine drives sensors and proxies
+(create, move, destroy, statics, group and mask, box and sphere, a sensor margin) on both, and after
+every update compares the events (begun, ended, entered, left) and the whole sets; after every step
+both validate. Coordinates are mostly quarter units on a small lattice, so proxies touching a shape
+exactly, sitting on the margin's edge, and tied centres are common.
+"""
+import numpy as np
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+import dbvt
+from dbvt import reference
+from worlds import assert_same_csr
+
+lattice = st.integers(-16, 16).map(lambda q: q / 4)
+size = st.integers(0, 12).map(lambda q: q / 4)
+new_id = st.integers(0, 60)
+SENSOR_MARGINS = [0.0, 0.25, 1.0, 2.5]
+
+
+@st.composite
+def boxes(draw, dims, n):
+    lows = np.array(draw(st.lists(lattice, min_size=n * dims, max_size=n * dims)), np.float64).reshape(n, dims)
+    sizes = np.array(draw(st.lists(size, min_size=n * dims, max_size=n * dims)), np.float64).reshape(n, dims)
+    return np.concatenate([lows, lows + sizes], axis=1).astype(np.float32)
+
+
+class SensorMachine(RuleBasedStateMachine):
+    @initialize(dims=st.sampled_from([2, 3]), margin=st.sampled_from([0.0, 0.1, 1.0]),
+                sensor_margin=st.sampled_from(SENSOR_MARGINS))
+    def start(self, dims, margin, sensor_margin):
+        self.dims = dims
+        self.real = dbvt.Broadphase(dims=dims, margin=margin, sensor_margin=sensor_margin)
+        self.ref = reference.Broadphase(dims=dims, margin=margin, sensor_margin=sensor_margin)
+        self.present: set[int] = set()
+
+    @rule(data=st.data())
+    def create(self, data):
+        ids = np.array([i for i in data.draw(st.lists(new_id, unique=True, max_size=6)) if i not in self.present],
+                       np.uint64)
+        n = len(ids)
+        new = data.draw(boxes(self.dims, n))
+        settings_ = dict(sensor=np.array(data.draw(st.lists(st.sampled_from([0, 0, 1, 2]), min_size=n, max_size=n)),
+                                         np.uint8),
+                         static=np.array(data.draw(st.lists(st.booleans(), min_size=n, max_size=n)), np.uint8),
+                         group=np.array(data.draw(st.lists(st.sampled_from([1, 2, 3]), min_size=n, max_size=n)),
+                                        np.uint32),
+                         mask=np.array(data.draw(st.lists(st.sampled_from([1, 3, 0xFFFFFFFF]), min_size=n,
+                                                          max_size=n)), np.uint32))
+        self.real.create(ids, new, **settings_)
+        self.ref.create(ids, new, **settings_)
+        self.present |= set(ids.tolist())
+
+    @precondition(lambda self: self.present)
+    @rule(data=st.data(), step=st.sampled_from([0.25, 0.5, 1.0, 3.0]))
+    def move(self, data, step):
+        ids = np.array(data.draw(st.lists(st.sampled_from(sorted(self.present)), unique=True, min_size=1,
+                                          max_size=6)), np.uint64)
+        if data.draw(st.booleans()):
+            moved = data.draw(boxes(self.dims, len(ids)))
+        else:
+            shift = np.array(data.draw(st.lists(st.sampled_from([-1, 0, 1]), min_size=len(ids) * self.dims,
+                                                max_size=len(ids) * self.dims)), np.float32).reshape(-1, self.dims)
+            moved = self.ref.get(ids) + np.float32(step) * np.concatenate([shift, shift], axis=1)
+        self.real.move(ids, moved)
+        self.ref.move(ids, moved)
+
+    @precondition(lambda self: self.present)
+    @rule(data=st.data())
+    def destroy(self, data):
+        ids = np.array(data.draw(st.lists(st.sampled_from(sorted(self.present)), unique=True, min_size=1,
+                                          max_size=3)), np.uint64)
+        self.real.destroy(ids)
+        self.ref.destroy(ids)
+        self.present -= set(ids.tolist())
+
+    @rule()
+    def update(self):
+        for got, expected in zip(self.real.update(), self.ref.update()):
+            np.testing.assert_array_equal(got, expected)
+        for got, expected in zip(self.real.sensor_events(), self.ref.sensor_events()):
+            np.testing.assert_array_equal(got, expected)
+        np.testing.assert_array_equal(self.real.sensor_pairs(), self.ref.sensor_pairs())
+
+    @rule()
+    def round_trip(self):
+        self.real = dbvt.Broadphase.from_bytes(self.real.to_bytes())
+        self.ref = reference.Broadphase.from_bytes(self.ref.to_bytes())
+
+    @rule(data=st.data(), include_sensors=st.booleans())
+    def query(self, data, include_sensors):
+        probes = data.draw(boxes(self.dims, 3))
+        assert_same_csr(self.real.query_aabb(probes, include_sensors=include_sensors),
+                        self.ref.query_aabb(probes, include_sensors=include_sensors))
+        centres = probes[:, :self.dims]
+        assert_same_csr(self.real.query_sphere(centres, 2.0, include_sensors=include_sensors),
+                        self.ref.query_sphere(centres, 2.0, include_sensors=include_sensors))
+
+    @invariant()
+    def agree(self):
+        self.real.validate()
+        self.ref.validate()
+        np.testing.assert_array_equal(self.real.pairs(), self.ref.pairs())
+        assert len(self.real) == len(self.ref)
+
+
+SensorMachine.TestCase.settings = settings(max_examples=80, stateful_step_count=30, deadline=None)
+TestSensorsAgainstTheReference = SensorMachine.TestCase
+
+
+def ball_world(sensor_margin=1.0):
+    bp = dbvt.Broadphase(dims=3, margin=0.05, sensor_margin=sensor_margin)
+    # A sphere sensor of radius 2 at the origin, and a unit box at x = 3 (1 beyond the ball).
+    bp.create([1], [[-2, -2, -2, 2, 2, 2]], sensor="sphere")
+    bp.create([2], [[3, 0, 0, 4, 1, 1]])
+    bp.update()
+    return bp
+
+
+def move_to(bp, x):
+    bp.move([2], [[x, 0, 0, x + 1, 1, 1]])
+    bp.update()
+    return bp.sensor_events()
+
+
+def test_edges_do_not_flicker_between_the_shape_and_the_margin():
+    bp = ball_world(sensor_margin=1.0)
+    assert len(bp.sensor_pairs()) == 0
+    entered, _ = move_to(bp, 2.0)                    # touches the ball (distance 2 = radius): enters
+    np.testing.assert_array_equal(entered, [[1, 2]])
+    for x in (2.5, 2.9, 3.0, 2.2, 3.0):              # within radius + margin: stays, no events
+        assert all(len(rows) == 0 for rows in move_to(bp, x))
+    _, left = move_to(bp, 3.01)                      # beyond radius + margin: leaves
+    np.testing.assert_array_equal(left, [[1, 2]])
+    for x in (2.5, 2.9):                             # back in the band, outside: nothing enters
+        assert all(len(rows) == 0 for rows in move_to(bp, x))
+
+
+def test_two_sensors_never_pair_and_queries_skip_sensors_unless_asked():
+    bp = dbvt.Broadphase(dims=2)
+    bp.create([1, 2], [[0, 0, 2, 2], [1, 1, 3, 3]], sensor="box")
+    bp.create([3], [[1, 1, 2, 2]])
+    bp.update()
+    np.testing.assert_array_equal(bp.sensor_pairs(), [[1, 3], [2, 3]])
+    assert len(bp.pairs()) == 0
+    assert bp.query_aabb([[0, 0, 5, 5]])[1].tolist() == [3]
+    assert sorted(bp.query_aabb([[0, 0, 5, 5]], include_sensors=True)[1].tolist()) == [1, 2, 3]
+
+
+def test_a_destroyed_proxy_leaves_and_a_destroyed_sensor_takes_its_pairs_with_it():
+    bp = dbvt.Broadphase(dims=3)
+    bp.create([1, 2], [[0, 0, 0, 4, 4, 4], [10, 10, 10, 14, 14, 14]], sensor="box")
+    bp.create([3, 4], [[1, 1, 1, 2, 2, 2], [11, 11, 11, 12, 12, 12]])
+    bp.update()
+    bp.destroy([3, 2])
+    bp.update()
+    np.testing.assert_array_equal(bp.sensor_events()[1], [[1, 3], [2, 4]])
+    assert len(bp.sensor_pairs()) == 0
+
+
+@pytest.mark.parametrize("bad, complaint", [("cube", "sensor must be None"), ([0, 3], "sensor row 1: kind 3"),
+                                            ([1.5, 0], "must be integers")])
+def test_bad_sensor_kinds_name_the_problem(bad, complaint):
+    bp = dbvt.Broadphase(dims=2)
+    with pytest.raises(ValueError, match=complaint):
+        bp.create([1, 2], [[0, 0, 1, 1], [0, 0, 1, 1]], sensor=bad)
+    assert len(bp) == 0
+
+
+def test_sensors_need_pair_tracking_and_a_sane_margin():
+    with pytest.raises(ValueError, match="sensors need pair tracking"):
+        dbvt.Broadphase(track_pairs=False).create([1], [[0, 0, 0, 1, 1, 1]], sensor="box")
+    for margin in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="sensor_margin must be a finite number >= 0"):
+            dbvt.Broadphase(sensor_margin=margin)
