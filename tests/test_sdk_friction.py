@@ -170,7 +170,7 @@ def test_a_scalar_radius_serves_every_center(client):
 
 
 # ---- 4. create= and move= need (ids, boxes) -----------------------------------------------------------
-CREATE_FORMS = "create= takes (ids, boxes) or Create(ids, boxes, static=, group=, mask=), not "
+CREATE_FORMS = "create= takes (ids, boxes) or Create(ids, boxes, static=, group=, mask=, sensor=), not "
 
 
 @pytest.mark.parametrize("batch, message", [
