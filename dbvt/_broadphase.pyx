@@ -708,6 +708,9 @@ cdef class Broadphase(TreeBase):
             return 0        # destroyed since, or listed twice
         t.proxies[proxy].flags &= ~PROXY_MOVED
         for k in range(mine.count):
+            # A sensor's list is long (every proxy within its reach): fetch partners ahead.
+            if k + PREFETCH_AHEAD < mine.count:
+                prefetch(&t.proxies[items[k + PREFETCH_AHEAD] >> 1])
             other = items[k] >> 1
             if is_sensor(t, proxy) or is_sensor(t, other):
                 if self._retest_sensor(proxy, other, &items[k]) != 0:

@@ -71,3 +71,16 @@ def test_persist_bench_times_steps_restarts_and_snapshots(capsys):
         [line] = [line for line in out.splitlines() if f"after {ending}: " in line]
         assert 0 < float(line.split(": ")[1].split()[0]) < 60
     assert "2,000 proxies" in out and "3,000 proxies" in out
+
+
+def test_sensors_bench_times_the_step_a_watcher_and_more_watchers(capsys):
+    argv = ["sensors", "--n", "2000", "--steps", "3", "--sensors", "20", "--radius", "4", "--repeats", "1"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[-1].startswith("load average (1/5/15 min) at end: ")
+    assert "20 sphere sensors of radius 4, all moving; 1 runs" in out
+    for label, target in (("step with sensors / plain step: median ", "target <= 2.0"),
+                          ("a watcher hears a tick after its answer: median ", "target <= 1.0 ms"),
+                          ("server CPU per step, 8 watchers / 1: median ", "target <= 1.10")):
+        [line] = [line for line in out.splitlines() if line.startswith(label)]
+        assert float(line[len(label):].split()[0]) > 0 and line.endswith(target)

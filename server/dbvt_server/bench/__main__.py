@@ -7,6 +7,7 @@
     dbvt-bench secured [DIR] [--repeats R] ...                 TLS and a token against plaintext
     dbvt-bench metrics [DIR] [--repeats R] ...                 metrics on against off
     dbvt-bench persist [DIR] [--repeats R] [--journaled J] ... a data directory's cost, restarts, snapshots
+    dbvt-bench sensors [DIR] [--sensors S] [--radius R] ...    moving sensors, watcher latency, many watchers
 
 A benchmark given no DIR makes W1 data first, in a temporary directory, so a fresh clone needs
 nothing else. Every command prints its command line, the machine and the load average first, and
@@ -17,7 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dbvt_server.bench import console, core, paired, persist, wire, workload
+from dbvt_server.bench import console, core, paired, persist, sensors, wire, workload
 
 COMMANDS = {
     "workload": (workload, "make W1 or W2 data with its exact answers (expected.json)"),
@@ -26,6 +27,7 @@ COMMANDS = {
     "secured": (paired, "W1's streamed step and box queries with TLS and a token, against plaintext"),
     "metrics": (paired, "W1's streamed step and box queries with metrics on, against off"),
     "persist": (persist, "W1's streamed step with a data directory, restart time, snapshot time and size"),
+    "sensors": (sensors, "W1 with moving sphere sensors: the step, a watcher's latency, 8 watchers against 1"),
 }
 
 

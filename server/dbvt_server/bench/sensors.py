@@ -1,0 +1,187 @@
+"""What sensors cost: the step with moving sensors beside the plain step, how soon a watcher hears of a
+tick, and what more watchers cost the server.
+
+W1 (DIRECTORY, or W1 data of --n proxies made first) with --sensors sphere sensors of radius
+--radius scattered over it, all moving every step (0.5 a step, bouncing off the world's sides):
+
+- step: in this process, W1's step (its moves and update()) on a broadphase without sensors,
+  alternating step by step with the same step plus the sensors' moves and their events on one with
+  them; each step's ratio, median and range over all steps of --repeats runs.
+- latency: a dbvt-server child process runs the sensor world, streamed tick by tick from one client
+  while another watches every sensor; the time from the writer getting a tick's answer to the
+  watcher getting that tick's events (both clocks are this process's).
+- watchers: the server's CPU time per step (from /proc) with 8 watchers of every sensor against 1,
+  the two set-ups alternating run by run.
+"""
+from __future__ import annotations
+
+import argparse
+import pathlib
+import statistics
+import threading
+import time
+
+import numpy as np
+
+from dbvt import Broadphase
+from dbvt_client import Client, Create
+from dbvt_server.bench import console, workload
+from dbvt_server.bench.console import Progress
+from dbvt_server.bench.parallel import ThreadMeter
+from dbvt_server.bench.wire import fresh_world, start_server
+from dbvt_server.bench.workload import Workload
+
+STEP_TARGET = 2.0
+LATENCY_TARGET_MS = 1.0
+WATCHERS_TARGET = 1.10
+SENSOR_SPEED = 0.5
+
+
+class Sensors:
+    """Sphere sensors moving in straight lines, bouncing off the world's sides."""
+
+    def __init__(self, count: int, radius: float, side: float, seed: int):
+        rng = np.random.default_rng(seed)
+        self.ids = np.arange(count, dtype=np.uint64) + np.uint64(1 << 62)
+        self.radius, self.side = radius, side
+        self.centres = rng.uniform(0, side, size=(count, 3))
+        velocity = rng.normal(size=(count, 3))
+        self.velocity = SENSOR_SPEED * velocity / np.linalg.norm(velocity, axis=1, keepdims=True)
+
+    def boxes(self) -> np.ndarray:
+        return np.concatenate([self.centres - self.radius, self.centres + self.radius], axis=1).astype(np.float32)
+
+    def step(self) -> np.ndarray:
+        moved = self.centres + self.velocity
+        outside = (moved < 0) | (moved > self.side)
+        self.velocity[outside] *= -1
+        self.centres = np.clip(moved, 0, self.side)
+        return self.boxes()
+
+
+def step_ratios(work: Workload, args) -> list[float]:
+    """Per step: the sensor world's step over the plain one, the two alternating."""
+    ratios = []
+    for run in range(args.repeats):
+        sensors = Sensors(args.sensors, args.radius, work.meta["world_side"], args.seed + run)
+        plain = Broadphase(dims=3, margin=0.05)
+        sensed = Broadphase(dims=3, margin=0.05)
+        for bp in (plain, sensed):
+            bp.create(work.ids, work.boxes)
+        sensed.create(sensors.ids, sensors.boxes(), sensor="sphere")
+        plain.update(), sensed.update()
+        progress = Progress(f"core run {run + 1}/{args.repeats}", work.steps)
+        for step in range(work.steps):
+            started = time.perf_counter()
+            plain.move(work.move_ids[step], work.move_boxes[step])
+            plain.update()
+            middle = time.perf_counter()
+            sensed.move(work.move_ids[step], work.move_boxes[step])
+            sensed.move(sensors.ids, sensors.step())
+            sensed.update()
+            sensed.sensor_events()
+            ratios.append((time.perf_counter() - middle) / (middle - started))
+            progress.advance()
+    return ratios
+
+
+def _watch(client: Client, world: str, heard: dict, ready: threading.Event, stop: threading.Event) -> None:
+    with client.world(world).watch() as feed:
+        for events in feed:
+            if events.resync:
+                ready.set()
+            else:
+                heard.setdefault(events.tick, time.perf_counter())
+            if stop.is_set():
+                return
+
+
+def server_run(target: str, pid: int, work: Workload, args, watchers: int, run: int) -> dict:
+    """The sensor world streamed tick by tick with `watchers` watching: latencies and server CPU."""
+    sensors = Sensors(args.sensors, args.radius, work.meta["world_side"], args.seed + run)
+    with Client(target) as writer:
+        world = fresh_world(writer, "dbvt-bench-sensors")
+        world.apply(create=(work.ids, work.boxes))
+        world.apply(create=Create(sensors.ids, sensors.boxes(), sensor="sphere"))
+        clients = [Client(target) for _ in range(watchers)]
+        heard, stop = [{} for _ in clients], threading.Event()
+        ready = [threading.Event() for _ in clients]
+        threads = [threading.Thread(target=_watch, args=(client, world.name, got, up, stop), daemon=True)
+                   for client, got, up in zip(clients, heard, ready)]
+        for thread in threads:
+            thread.start()
+        for up in ready:
+            up.wait(60)
+        answered = {}
+        cpu = schedstat_seconds(pid)
+        progress = Progress(f"{watchers} watcher(s), run {run + 1}/{args.repeats}", work.steps)
+        with world.stream() as stream:
+            for step in range(work.steps):
+                result = stream.apply(move=(np.concatenate([work.move_ids[step], sensors.ids]),
+                                            np.concatenate([work.move_boxes[step], sensors.step()])))
+                answered[result.tick] = time.perf_counter()
+                progress.advance()
+        cpu = schedstat_seconds(pid) - cpu
+        time.sleep(0.2)
+        stop.set()
+        world.apply(create=([1 << 63], [[-1, -1, -1, 0, 0, 0]]))     # a last tick wakes the watchers
+        for thread in threads:
+            thread.join(10)
+        for client in clients:
+            client.close()
+        writer.delete_world(world.name)
+    latencies = [(got[tick] - answered[tick]) * 1e3 for got in heard for tick in answered if tick in got]
+    return {"cpu_per_step": cpu / work.steps, "latency_ms": latencies}
+
+
+def schedstat_seconds(pid: int) -> float:
+    """CPU seconds of all the server's threads so far."""
+    found = ThreadMeter(pid).read()
+    if found is None:
+        raise SystemExit(f"cannot read /proc/{pid}/task/*/schedstat for the server's CPU time")
+    return found[0]
+
+
+def report(work: Workload, args, ratios: list[float], one: list[dict], eight: list[dict]) -> list[str]:
+    latencies = [value for run in one for value in run["latency_ms"]]
+    cpu_ratios = [e["cpu_per_step"] / o["cpu_per_step"] for o, e in zip(one, eight)]
+    return [
+        f"W1: N={work.n}, {work.steps} steps of {work.moves} moves; {args.sensors} sphere sensors of radius "
+        f"{args.radius:g}, all moving; {args.repeats} runs",
+        f"step with sensors / plain step: median {statistics.median(ratios):.2f} "
+        f"(range {min(ratios):.2f}-{max(ratios):.2f}, mean {statistics.fmean(ratios):.2f})  target <= {STEP_TARGET:.1f}",
+        f"a watcher hears a tick after its answer: median {statistics.median(latencies):.3f} ms "
+        f"(90th percentile {np.percentile(latencies, 90):.3f} ms)  target <= {LATENCY_TARGET_MS:.1f} ms",
+        f"server CPU per step, 8 watchers / 1: median {statistics.median(cpu_ratios):.2f} "
+        f"(range {min(cpu_ratios):.2f}-{max(cpu_ratios):.2f}; "
+        f"{statistics.median(run['cpu_per_step'] for run in one) * 1e3:.1f} ms with 1)  target <= {WATCHERS_TARGET:.2f}",
+    ]
+
+
+def add_arguments(parser) -> None:
+    parser.description, parser.formatter_class = __doc__, argparse.RawDescriptionHelpFormatter
+    parser.add_argument("directory", nargs="?", type=pathlib.Path,
+                        help="a W1 directory (default: make W1 data with --n and --steps)")
+    parser.add_argument("--n", type=workload.at_least(10), default=100_000, help="proxies of the W1 data made here [100000]")
+    parser.add_argument("--steps", type=workload.at_least(1), default=30, help="steps to run (at most the directory's) [30]")
+    parser.add_argument("--seed", type=int, default=workload.W1_SEED, help="seed of the W1 data and the sensors")
+    parser.add_argument("--sensors", type=workload.at_least(1), default=2000, help="sphere sensors [2000]")
+    parser.add_argument("--radius", type=float, default=15.0, help="their radius [15]")
+    parser.add_argument("--repeats", type=workload.at_least(1), default=3, help="runs of each measure [3]")
+
+
+def run(args, facts: dict) -> int:
+    work = workload.w1_for(args, "sensors")
+    ratios = step_ratios(work, args)
+    process, target = start_server()
+    try:
+        one, eight = [], []
+        for attempt in range(args.repeats):
+            for watchers in ((1, 8) if attempt % 2 == 0 else (8, 1)):
+                (one if watchers == 1 else eight).append(server_run(target, process.pid, work, args, watchers, attempt))
+    finally:
+        process.terminate()
+        process.wait(60)
+    print("\n".join(report(work, args, ratios, one, eight)))
+    console.footer(facts)
+    return 0
