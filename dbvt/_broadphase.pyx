@@ -514,6 +514,11 @@ cdef class Broadphase(TreeBase):
         return static, group, mask, sensor
 
     @property
+    def sensor_pair_count(self):
+        """The [sensor, proxy] pairs inside after the last update()."""
+        return self.inside
+
+    @property
     def pair_count(self):
         """The pairs whose tight boxes overlap now (after the last update()); 0 without track_pairs."""
         return self.touching

@@ -509,6 +509,10 @@ class Broadphase(_Structure):
     def sensor_pairs(self) -> np.ndarray:
         return _sorted_pairs(self._inside)
 
+    @property
+    def sensor_pair_count(self) -> int:
+        return len(self._inside)
+
     def set_sensor_pairs(self, rows, inside) -> None:
         rows = np.asarray(rows, np.uint64).reshape(-1, 2)
         for pair, flag in zip(map(tuple, rows.tolist()), v.as_flags(inside, len(rows), "inside")):

@@ -100,7 +100,10 @@ class _StateCollector:
                  lambda world: world.broadphase.pair_count),
                 ("dbvt_world_tick", "batches applied to the world", lambda world: world.tick),
                 ("dbvt_world_queue_depth", "operations waiting for their turn on the world",
-                 lambda world: depths.get(world.name, 0))):
+                 lambda world: depths.get(world.name, 0)),
+                ("dbvt_world_sensor_pairs", "[sensor, proxy] pairs inside the world's sensors",
+                 lambda world: world.broadphase.sensor_pair_count),
+                ("dbvt_world_watchers", "sensor feeds open on the world", lambda world: world.feed.watchers)):
             yield _gauge(name, help_text, [((world.name,), value(world)) for world in worlds], ["world"])
         kept = [world for world in worlds if world.files is not None]
         yield _gauge("dbvt_world_journal_bytes", "bytes of the world's journal since its last snapshot (persistent worlds)",
