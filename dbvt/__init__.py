@@ -6,7 +6,7 @@ computed by brute force, for checking. All results are exact on the proxies' tig
 """
 try:
     from dbvt._broadphase import Broadphase, FatPairLimit
-    from dbvt._tree import HitLimit, Tree
+    from dbvt._tree import HitLimit, Tree, overlap
 except ModuleNotFoundError as exc:   # the repository's dbvt/ shadows the installed package
     if not (exc.name or "").startswith("dbvt._"):
         raise
@@ -16,5 +16,5 @@ except ModuleNotFoundError as exc:   # the repository's dbvt/ shadows the instal
     ) from exc
 from dbvt.frustum import frustum_planes
 
-__all__ = ["Tree", "Broadphase", "FatPairLimit", "HitLimit", "frustum_planes"]
+__all__ = ["Tree", "Broadphase", "FatPairLimit", "HitLimit", "frustum_planes", "overlap"]
 __version__ = "0.1.0"
