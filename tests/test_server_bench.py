@@ -71,3 +71,19 @@ def test_persist_bench_times_steps_restarts_and_snapshots(capsys):
         [line] = [line for line in out.splitlines() if f"after {ending}: " in line]
         assert 0 < float(line.split(": ")[1].split()[0]) < 60
     assert "2,000 proxies" in out and "3,000 proxies" in out
+
+
+def test_queries_bench_times_every_query_checks_them_and_says_about_rtree(capsys):
+    argv = ["queries", "--n", "2000", "--repeat", "3", "--points", "300", "--rtree-points", "50"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == "command: dbvt-bench " + " ".join(argv)
+    assert out.splitlines()[-1].startswith("load average (1/5/15 min) at end: ")
+    for label in ("query_nearest, k = 8 ", "cast_box, all hits, moved 20 ", "cast_sphere, r = 2, moved 20 ",
+                  "overlap of two W1 worlds "):
+        [line] = [line for line in out.splitlines() if line.startswith(label)]
+        median, spread = (cell.strip() for cell in line.split("|")[2:4])
+        low, high = (float(end) for end in spread.split("-"))
+        assert 0 < low <= float(median) <= high
+    assert "MISMATCH" not in out and out.count("  OK ") >= 4
+    assert "rtree nearest, k = 8" in out or "rtree: not installed" in out
