@@ -1,7 +1,8 @@
 """dbvt: a dynamic AABB tree (DBVT) and broadphase, in Cython.
 
 `Tree` is the dynamic tree (as Bullet's btDbvt and Box2D's b2DynamicTree); `Broadphase` tracks the
-pairs of overlapping proxies as they move (as btDbvtBroadphase). `dbvt.reference` has the same API,
+pairs of overlapping proxies as they move (as btDbvtBroadphase); `overlap` finds the overlapping pairs
+of two of them (as Bullet's collideTT). `dbvt.reference` has the same API,
 computed by brute force, for checking. All results are exact on the proxies' tight boxes.
 """
 try:

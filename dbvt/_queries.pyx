@@ -3,8 +3,9 @@
 overlap of two trees.
 
 _core's walker keeps every hit its predicates accept, in any order; these need another shape of walk:
-nearest visits nodes best first from a heap and stops after k leaves; a cast sweeps a shape along a
-displacement and records when it first touches each box; an overlap descends two trees at once.
+nearest keeps the k best leaves so far and skips every subtree that cannot beat them; a cast sweeps a
+shape along a displacement and records when it first touches each box, and with first_hit skips what
+it would touch later; an overlap descends two trees at once.
 
 Exactness, as in _core: every decision on a leaf is made on its tight box in float64, with the same
 recipe as dbvt.reference, so the two agree bit for bit; float32 inputs convert to float64 exactly, and
