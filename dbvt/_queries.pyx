@@ -51,11 +51,11 @@ cdef inline int push_ref(Stack *stack, int32_t ref) noexcept nogil:
 # ---------------------------------------------------------------------------------------------
 # The k nearest: depth first, nearer child first, keeping the k best leaves so far in a max-heap; a
 # subtree whose box is farther than the k-th best (or than max_distance) is skipped. Ties: at equal
-# distance the smaller id wins, so a box exactly as far as the k-th best is still opened. A best-first
-# walk (one heap of nodes and leaves, leaves coming off in order) opened fewer nodes, but took 6.0 us a
-# point on W1 at 100k (k = 8) against 3.7 for this one: its heap and its jumps about the pools cost more.
-# Eight walks taking turns, each prefetching the children of the node it opens next, were slower still
-# (4.5 us against 4.0 that day): the walk waits on its branches more than on memory.
+# distance the smaller id wins, so a box exactly as far as the k-th best is still opened.
+# Measured on W1 at 100k, k = 8: a best-first walk (one heap of nodes and leaves, the leaves coming off
+# in order) opened fewer nodes but took 6.0 us a point against 3.7 for this one; eight walks taking
+# turns, each prefetching the children of the node it opens next, took 4.5 against 4.0. The walk waits
+# on its branches more than on memory: with the distance test free of them it takes 2.5.
 
 ctypedef struct Pending:            # a subtree still to visit: 16 bytes
     double gap                      # squared distance from the point to its box
@@ -124,16 +124,34 @@ cdef inline int keep(Nearest *w, double gap, uint64_t id) noexcept nogil:
     return 0
 
 
+cdef extern from *:
+    """
+    /* x > y ? x : y, and x < y ? x : y, without a branch: compilers keep these as branches when
+       they may not reorder floating point, and in a tree walk their outcome is a coin toss. */
+    #if defined(__SSE2__) || defined(_M_X64)
+    #include <emmintrin.h>
+    static inline double dbvt_above(double x, double y) {
+        return _mm_cvtsd_f64(_mm_max_sd(_mm_set_sd(x), _mm_set_sd(y)));
+    }
+    static inline double dbvt_below(double x, double y) {
+        return _mm_cvtsd_f64(_mm_min_sd(_mm_set_sd(x), _mm_set_sd(y)));
+    }
+    #else
+    static inline double dbvt_above(double x, double y) { return x > y ? x : y; }
+    static inline double dbvt_below(double x, double y) { return x < y ? x : y; }
+    #endif
+    """
+    double above "dbvt_above"(double x, double y) noexcept nogil
+    double below "dbvt_below"(double x, double y) noexcept nogil
+
+
 cdef inline double point_gap(const double *p, const float *box, int32_t dims) noexcept nogil:
     """Squared distance from the point to the box's closest point, axes summed in order. Per axis at
-    most one of the two terms is not 0, so the sum is the gap itself, as dbvt.reference computes it,
-    without a branch (which side of a box the point is on is a coin toss)."""
-    cdef double gap = 0.0, below, above, d
+    most one of the two terms is not 0, so the sum is the gap itself, as dbvt.reference computes it."""
+    cdef double gap = 0.0, d
     cdef int i
     for i in range(dims):
-        below = box[i] - p[i]
-        above = p[i] - box[i + 3]
-        d = (below if below > 0.0 else 0.0) + (above if above > 0.0 else 0.0)
+        d = above(box[i] - p[i], 0.0) + above(p[i] - box[i + 3], 0.0)
         gap += d * d
     return gap
 
@@ -274,12 +292,8 @@ cdef inline bint sweep_slab(const Sweep *s, const float *box, double *enter, dou
         else:
             t1 = lo / d
             t2 = hi / d
-            if t1 > t2:
-                t1, t2 = t2, t1
-            if t1 > tmin:
-                tmin = t1
-            if t2 < tmax:
-                tmax = t2
+            tmin = above(below(t1, t2), tmin)
+            tmax = below(above(t1, t2), tmax)
     if tmin > tmax or tmax < 0.0 or tmin > 1.0:
         return False
     enter[0] = tmin if tmin > 0.0 else 0.0
@@ -293,12 +307,7 @@ cdef inline double ball_gap(const Sweep *s, const float *box, double t) noexcept
     cdef int i
     for i in range(s.dims):
         p = s.lower[i] + t * s.delta[i]
-        if p < box[i]:
-            d = box[i] - p
-        elif p > box[i + 3]:
-            d = p - box[i + 3]
-        else:
-            d = 0.0
+        d = above(box[i] - p, 0.0) + above(p - box[i + 3], 0.0)
         gap += d * d
     return gap
 

@@ -10,7 +10,8 @@ Every figure is the CPU time (time.process_time) of whole batch calls, with the 
 repeated --repeat times; the median is the figure, the range beside it. The anchor is the `rtree`
 package (libspatialindex) answering `nearest` on the same boxes, one call per point as its API has it,
 on the first --rtree-points points, interleaved with dbvt in every repeat; its vectorised `nearest_v`
-is shown beside it. The answers are checked: the first 100 queries of each kind against dbvt.reference
+is shown beside it. The box query of `dbvt-bench core` (W1's 10,000 boxes of side 10) runs in every
+repeat too, as a control: its figure on a quiet day is known, so it tells how fast the machine is now. The answers are checked: the first 100 queries of each kind against dbvt.reference
 (equal bit for bit), rtree's nearest ids against dbvt's, and the overlap against the pairs across the
 two worlds that Tree.pairs() finds in their union (one box query per proxy). A mismatch makes the exit
 status 1.
@@ -46,6 +47,7 @@ FIGURES = {
     "cast_box": (f"cast_box, all hits, moved {CAST_LENGTH:g}", "us/cast", ("max", 5.0)),
     "cast_sphere": (f"cast_sphere, r = {BALL_RADIUS:g}, moved {CAST_LENGTH:g}", "us/cast", ("max", 6.0)),
     "overlap": ("overlap of two W1 worlds", "ms", ("max", 25.0)),
+    "query_aabb": ("query_aabb, W1's boxes of side 10 (control)", "us/query", None),
 }
 
 
@@ -71,11 +73,12 @@ def query_sets(side: float, count: int, seed: int) -> dict:
             "boxes": np.concatenate([points - half, points + half], axis=1).astype(np.float32)}
 
 
-def dbvt_calls(world, other, q: dict) -> dict:
+def dbvt_calls(world, other, q: dict, boxes: np.ndarray) -> dict:
     return {"nearest": lambda: world.query_nearest(q["points"], K),
             "cast_box": lambda: world.cast_box(q["boxes"], q["moves"]),
             "cast_sphere": lambda: world.cast_sphere(q["points"], BALL_RADIUS, q["moves"]),
-            "overlap": lambda: dbvt.overlap(world, other)}
+            "overlap": lambda: dbvt.overlap(world, other),
+            "query_aabb": lambda: world.query_aabb(boxes)}
 
 
 def rtree_index(boxes: np.ndarray):
@@ -175,6 +178,7 @@ def run(args, facts: dict) -> int:
     world_twin.create(first.ids, first.boxes)
     q = query_sets(first.meta["world_side"], args.points, args.seed + 2)
     counts = {"nearest": args.points, "cast_box": args.points, "cast_sphere": args.points,
+              "query_aabb": len(first.q_aabb),
               "rtree_nearest": min(args.rtree_points, args.points),
               "rtree_nearest_v": min(args.rtree_points, args.points)}
     print(f"W1 3-D: two worlds of N={args.n} (seeds {args.seed} and {args.seed + 1}), side "
@@ -193,7 +197,7 @@ def run(args, facts: dict) -> int:
     checks, hit_counts = [], {}
     for attempt in range(args.repeat):
         # dbvt and rtree take turns going first, so that neither always meets the machine warmer.
-        order = [("dbvt", dbvt_calls(world, other, q)), ("rtree", anchor)]
+        order = [("dbvt", dbvt_calls(world, other, q, first.q_aabb)), ("rtree", anchor)]
         if attempt % 2:
             order.reverse()
         results, rtree_results = {}, None
