@@ -1,12 +1,13 @@
 """dbvt: a dynamic AABB tree (DBVT) and broadphase, in Cython.
 
 `Tree` is the dynamic tree (as Bullet's btDbvt and Box2D's b2DynamicTree); `Broadphase` tracks the
-pairs of overlapping proxies as they move (as btDbvtBroadphase). `dbvt.reference` has the same API,
+pairs of overlapping proxies as they move (as btDbvtBroadphase); `overlap` finds the overlapping pairs
+of two of them (as Bullet's collideTT). `dbvt.reference` has the same API,
 computed by brute force, for checking. All results are exact on the proxies' tight boxes.
 """
 try:
     from dbvt._broadphase import Broadphase, FatPairLimit
-    from dbvt._tree import HitLimit, Tree
+    from dbvt._tree import HitLimit, Tree, overlap
 except ModuleNotFoundError as exc:   # the repository's dbvt/ shadows the installed package
     if not (exc.name or "").startswith("dbvt._"):
         raise
@@ -16,5 +17,5 @@ except ModuleNotFoundError as exc:   # the repository's dbvt/ shadows the instal
     ) from exc
 from dbvt.frustum import frustum_planes
 
-__all__ = ["Tree", "Broadphase", "FatPairLimit", "HitLimit", "frustum_planes"]
+__all__ = ["Tree", "Broadphase", "FatPairLimit", "HitLimit", "frustum_planes", "overlap"]
 __version__ = "0.1.0"

@@ -147,17 +147,28 @@ cdef void batch_free(Batch *b) noexcept nogil:
 cdef int finish_query(const TreeCore *t, const Query *q, Batch *b) noexcept nogil:
     """Append the walk's hits to the output in the order the API promises."""
     cdef int64_t n = b.hits.count, i
+    cdef uint64_t *ids
+    if q.kind == QUERY_RAY:
+        return append_by_fraction(t, b, q.first_hit)
+    if batch_reserve(b, n) != 0:
+        return -1
+    ids = b.ids + b.count
+    for i in range(n):
+        ids[i] = t.proxies[b.hits.proxies[i]].id
+    sort_items(ids, n)
+    b.count += n
+    return 0
+
+
+cdef int append_by_fraction(const TreeCore *t, Batch *b, bint first_hit) noexcept nogil:
+    """Append the hits with their fractions, ordered by fraction then id; with `first_hit`, only the
+    first of them."""
+    cdef int64_t n = b.hits.count, i
     cdef RayHit *ray_hits
     cdef uint64_t *ids
     if batch_reserve(b, n) != 0:
         return -1
     ids = b.ids + b.count
-    if q.kind != QUERY_RAY:
-        for i in range(n):
-            ids[i] = t.proxies[b.hits.proxies[i]].id
-        sort_items(ids, n)
-        b.count += n
-        return 0
     if n > b.ray_capacity:
         ray_hits = <RayHit *>realloc(b.ray_hits, n * sizeof(RayHit))
         if ray_hits == NULL:
@@ -168,7 +179,7 @@ cdef int finish_query(const TreeCore *t, const Query *q, Batch *b) noexcept nogi
         b.ray_hits[i].fraction = b.hits.fractions[i]
         b.ray_hits[i].id = t.proxies[b.hits.proxies[i]].id
     sort_items(b.ray_hits, n)
-    if q.first_hit and n > 1:
+    if first_hit and n > 1:
         n = 1
     for i in range(n):
         ids[i] = b.ray_hits[i].id

@@ -16,6 +16,7 @@ from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcpy, memset
 
+import math
 import struct
 
 import numpy as np
@@ -804,6 +805,28 @@ cdef class Broadphase(TreeBase):
         if mask is None:
             return self._query_frustum(planes, 0xFFFFFFFF, NULL, self._skip(include_sensors))
         return self._query_frustum(planes, validation.as_mask(mask), self.groups, self._skip(include_sensors))
+
+    def query_nearest(self, points, k, max_distance=math.inf, mask=None, include_sensors=False):
+        if mask is None:
+            return self._query_nearest(points, k, max_distance, 0xFFFFFFFF, NULL, self._skip(include_sensors))
+        return self._query_nearest(points, k, max_distance, validation.as_mask(mask), self.groups,
+                                   self._skip(include_sensors))
+
+    def cast_box(self, boxes, displacements, first_hit=False, mask=None, include_sensors=False):
+        if mask is None:
+            return self._cast_box(boxes, displacements, bool(first_hit), 0xFFFFFFFF, NULL, self._skip(include_sensors))
+        return self._cast_box(boxes, displacements, bool(first_hit), validation.as_mask(mask), self.groups,
+                              self._skip(include_sensors))
+
+    def cast_sphere(self, centers, radii, displacements, first_hit=False, mask=None, include_sensors=False):
+        if mask is None:
+            return self._cast_sphere(centers, radii, displacements, bool(first_hit), 0xFFFFFFFF, NULL,
+                                     self._skip(include_sensors))
+        return self._cast_sphere(centers, radii, displacements, bool(first_hit), validation.as_mask(mask),
+                                 self.groups, self._skip(include_sensors))
+
+    cdef const uint32_t *_groups(self) noexcept:
+        return self.groups
 
     def stats(self):
         info = TreeBase.stats(self)

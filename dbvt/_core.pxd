@@ -154,6 +154,7 @@ cdef void cache_costs(TreeCore *t) noexcept nogil
 
 cdef int walk(const TreeCore *t, Query *q, Stack *stack, Hits *hits) noexcept nogil
 cdef void stack_free(Stack *stack) noexcept nogil
+cdef int hits_push(Hits *hits, int32_t proxy, double fraction) noexcept nogil
 cdef void hits_free(Hits *hits) noexcept nogil
 
 

@@ -26,14 +26,19 @@ cdef class TreeBase:
     cdef object _existing(self, object ids)
     cdef object _check_new(self, object ids)
     cdef object _add(self, object ids, object boxes)
-    cdef object _query_aabb(self, object boxes, uint32_t mask, const uint32_t *groups,
-                              uint32_t skip)
+    cdef object _query_aabb(self, object boxes, uint32_t mask, const uint32_t *groups, uint32_t skip)
     cdef object _query_sphere(self, object centers, object radii, uint32_t mask, const uint32_t *groups,
                               uint32_t skip)
     cdef object _raycast(self, object segments, bint first_hit, uint32_t mask, const uint32_t *groups,
-                              uint32_t skip)
-    cdef object _query_frustum(self, object planes, uint32_t mask, const uint32_t *groups,
-                              uint32_t skip)
+                         uint32_t skip)
+    cdef object _query_frustum(self, object planes, uint32_t mask, const uint32_t *groups, uint32_t skip)
+    cdef object _query_nearest(self, object points, object k, object max_distance, uint32_t mask,
+                               const uint32_t *groups, uint32_t skip)
+    cdef object _cast_box(self, object boxes, object displacements, bint first_hit, uint32_t mask,
+                          const uint32_t *groups, uint32_t skip)
+    cdef object _cast_sphere(self, object centers, object radii, object displacements, bint first_hit,
+                             uint32_t mask, const uint32_t *groups, uint32_t skip)
+    cdef const uint32_t *_groups(self) noexcept
     cdef bytes _tree_bytes(self)
     cdef Py_ssize_t _load_tree(self, const unsigned char[::1] data) except -1
     cdef void _after_change(self)

@@ -5,6 +5,7 @@ from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcpy, memset
 
+import math
 import struct
 
 import numpy as np
@@ -12,8 +13,10 @@ import numpy as np
 from dbvt import validation
 
 from dbvt._batch cimport batch_free, pairs_free, run_boxes, run_frusta, run_segments, run_spheres, self_pairs
+from dbvt._queries cimport run_ball_casts, run_box_casts, run_nearest, trees_overlap
 from dbvt._core cimport (
-    HIT_LIMIT, PREFETCH_AHEAD, PROXY_FLAGS, PROXY_LIVE, PROXY_SEEN, Batch, IdPair, Node, PairBuffer, Proxy, Query, TreeCore,
+    HIT_LIMIT, PREFETCH_AHEAD, PROXY_FLAGS, PROXY_LIVE, PROXY_SEEN, PROXY_SENSOR, Batch, IdPair, Node, PairBuffer, Proxy,
+    Query, TreeCore,
     cache_costs, core_add, core_area_ratio, core_bulk_insert, core_check, core_find, core_free, core_height,
     core_init, core_memory, core_move, core_prefetch_find, core_rebuild, core_remove,
     core_reserve, load_box, rehash,
@@ -34,8 +37,8 @@ _HEADER = struct.Struct("<4sIIif7i")
 _BYTE_ORDER_MARK = 0x01020304
 
 
-class HitLimit(Exception):
-    """A call's queries hit more proxies than the structure's `max_hits` allows; nothing is returned."""
+# Raised by the reference too, so it is defined with the other shared errors.
+HitLimit = validation.HitLimit
 
 
 cdef inline void start_batch(Batch *b, Query *q, uint32_t mask, const uint32_t *groups, bint first_hit,
@@ -282,6 +285,65 @@ cdef class TreeBase:
             status = run_frusta(&self.core, &q, first, n, k, &off[0], &batch)
         return csr(&batch, status, offsets, False)
 
+    cdef object _query_nearest(self, object points, object k, object max_distance, uint32_t mask,
+                               const uint32_t *groups, uint32_t skip):
+        cdef const float[:, ::1] rows = validation.as_points(points, self.core.dims, "points")
+        cdef int64_t count = validation.as_count(k)
+        cdef double reach = validation.as_distance(max_distance)
+        cdef Py_ssize_t n = rows.shape[0]
+        offsets = np.empty(n + 1, np.int64)
+        cdef int64_t[::1] off = offsets
+        cdef const float *first = &rows[0, 0] if n else NULL
+        cdef Batch batch
+        cdef int status
+        memset(&batch, 0, sizeof(Batch))
+        batch.max_hits = self.max_hits
+        with nogil:
+            status = run_nearest(&self.core, first, n, count, reach, mask, groups, skip, &off[0], &batch)
+        offsets, hits, distances = csr(&batch, status, offsets, True)
+        return offsets, hits, distances.astype(np.float32)
+
+    cdef object _cast_box(self, object boxes, object displacements, bint first_hit, uint32_t mask,
+                          const uint32_t *groups, uint32_t skip):
+        cdef const float[:, ::1] rows = validation.as_boxes(boxes, self.core.dims)
+        cdef Py_ssize_t n = rows.shape[0]
+        cdef const float[:, ::1] moves = validation.as_displacements(displacements, self.core.dims, n, "boxes")
+        offsets = np.empty(n + 1, np.int64)
+        cdef int64_t[::1] off = offsets
+        cdef const float *first = &rows[0, 0] if n else NULL
+        cdef const float *first_move = &moves[0, 0] if n else NULL
+        cdef Batch batch
+        cdef int status
+        memset(&batch, 0, sizeof(Batch))
+        batch.max_hits = self.max_hits
+        with nogil:
+            status = run_box_casts(&self.core, first, first_move, n, first_hit, mask, groups, skip, &off[0], &batch)
+        return csr(&batch, status, offsets, True)
+
+    cdef object _cast_sphere(self, object centers, object radii, object displacements, bint first_hit,
+                             uint32_t mask, const uint32_t *groups, uint32_t skip):
+        cdef const float[:, ::1] points = validation.as_points(centers, self.core.dims, "centers")
+        cdef Py_ssize_t n = points.shape[0]
+        cdef const float[::1] r = validation.as_radii(radii, n)
+        cdef const float[:, ::1] moves = validation.as_displacements(displacements, self.core.dims, n, "centers")
+        offsets = np.empty(n + 1, np.int64)
+        cdef int64_t[::1] off = offsets
+        cdef const float *first = &points[0, 0] if n else NULL
+        cdef const float *first_radius = &r[0] if n else NULL
+        cdef const float *first_move = &moves[0, 0] if n else NULL
+        cdef Batch batch
+        cdef int status
+        memset(&batch, 0, sizeof(Batch))
+        batch.max_hits = self.max_hits
+        with nogil:
+            status = run_ball_casts(&self.core, first, first_radius, first_move, n, first_hit, mask, groups, skip,
+                                    &off[0], &batch)
+        return csr(&batch, status, offsets, True)
+
+    cdef const uint32_t *_groups(self) noexcept:
+        """Per-proxy groups for masks to filter: a Tree has none."""
+        return NULL
+
     def rebuild(self):
         """Rebuild the whole tree top down with the binned surface-area heuristic."""
         cdef int status
@@ -459,6 +521,21 @@ cdef class Tree(TreeBase):
         """CSR `(offsets, hits)`: boxes whose p-vertex is on the inner side of every plane."""
         return self._query_frustum(planes, 0xFFFFFFFF, NULL, 0)
 
+    def query_nearest(self, points, k, max_distance=math.inf):
+        """`(offsets, hits, distances)`: for each point, up to k ids nearest to it (distance to the
+        tight box, 0 inside), no farther than `max_distance`, by distance then id; distances float32."""
+        return self._query_nearest(points, k, max_distance, 0xFFFFFFFF, NULL, 0)
+
+    def cast_box(self, boxes, displacements, first_hit=False):
+        """`(offsets, hits, fractions)`: the boxes each box touches when moved by t * displacement,
+        t in [0, 1], with the first such t (0 when touching at the start), by t then id; `first_hit`
+        keeps the first of each."""
+        return self._cast_box(boxes, displacements, bool(first_hit), 0xFFFFFFFF, NULL, 0)
+
+    def cast_sphere(self, centers, radii, displacements, first_hit=False):
+        """As cast_box, for balls: a ball touches a box when its centre is within its radius of it."""
+        return self._cast_sphere(centers, radii, displacements, bool(first_hit), 0xFFFFFFFF, NULL, 0)
+
     def pairs(self):
         """`(m, 2)` uint64: every overlapping pair of tight boxes, rows `a < b`, sorted."""
         cdef PairBuffer buffer
@@ -481,3 +558,34 @@ cdef class Tree(TreeBase):
         if tree._load_tree(view) != len(view):
             raise ValueError("data holds more than a dbvt Tree (a Broadphase's bytes?)")
         return tree
+
+
+def overlap(a, b, mask_a=None, mask_b=None, max_pairs=None, include_sensors=False):
+    """`(m, 2)` uint64 rows `[id in a, id in b]`: every pair of a proxy of `a` and a proxy of `b` whose
+    tight boxes overlap (closed), sorted. `a` and `b` are Trees or Broadphases of the same dims;
+    `mask_a` keeps the proxies of `a` whose group shares a bit with it (a Broadphase's only), `mask_b`
+    those of `b`; sensors are left out unless `include_sensors`. Past `max_pairs` pairs it raises
+    HitLimit. Both trees are walked at once."""
+    for name, structure in (("a", a), ("b", b)):
+        if not isinstance(structure, TreeBase):
+            raise TypeError(f"overlap: {name} must be a dbvt.Tree or dbvt.Broadphase, not {type(structure).__name__}")
+    cdef TreeBase ta = a, tb = b
+    mask_a, mask_b, limit = validation.check_overlap(a, b, mask_a, mask_b, max_pairs,
+                                                     lambda s: not isinstance(s, Tree))
+    cdef uint32_t bits_a = 0xFFFFFFFF if mask_a is None else mask_a
+    cdef uint32_t bits_b = 0xFFFFFFFF if mask_b is None else mask_b
+    cdef const uint32_t *groups_a = NULL if mask_a is None else ta._groups()
+    cdef const uint32_t *groups_b = NULL if mask_b is None else tb._groups()
+    cdef int64_t most = limit
+    cdef uint32_t skip = 0 if include_sensors else PROXY_SENSOR
+    cdef PairBuffer buffer
+    cdef int status
+    memset(&buffer, 0, sizeof(PairBuffer))
+    with nogil:
+        status = trees_overlap(&ta.core, &tb.core, bits_a, groups_a, bits_b, groups_b, skip, most, &buffer)
+    if status != 0:
+        pairs_free(&buffer)
+        if status == HIT_LIMIT:
+            raise HitLimit(f"the overlap found more than {most} pairs (max_pairs)")
+        raise MemoryError()
+    return pair_array(&buffer)

@@ -119,6 +119,154 @@ def frustum_hits(tight, ids, dims, planes):
     return _matrix_csr(len(planes), tight, ids, dims * k * 2, inside)
 
 
+def _axis_gaps(p, lo, hi):
+    """Per axis, how far p lies outside [lo, hi] (0 inside), as the core computes it."""
+    return np.where(p < lo, lo - p, np.where(p > hi, p - hi, 0.0))
+
+
+def _squared_sum(gaps, dims):
+    """Sum of squares over the last axis, in axis order (numpy's sum may pair terms differently)."""
+    total = gaps[..., 0] * gaps[..., 0]
+    for axis in range(1, dims):
+        total = total + gaps[..., axis] * gaps[..., axis]
+    return total
+
+
+def nearest_hits(tight, ids, dims, points, k, max_distance):
+    """For each point its k nearest boxes within max_distance, by (squared float64 distance, id)."""
+    lo, hi = tight[:, :dims].astype(_F64), tight[:, dims:].astype(_F64)
+    reach = float(max_distance) * float(max_distance)
+    keep = min(k, len(tight))
+    query_rows, proxy_rows, gaps = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], [np.zeros(0)]
+    for start, stop in _chunks(len(points), len(tight) * dims):
+        gap = _squared_sum(_axis_gaps(points[start:stop, None, :].astype(_F64), lo, hi), dims)
+        # A stable sort keeps rows, which are in id order, in id order among equal distances.
+        order = np.argsort(gap, axis=1, kind="stable")[:, :keep]
+        nearest = np.take_along_axis(gap, order, axis=1)
+        qi, rank = np.nonzero(nearest <= reach)
+        query_rows.append(qi + start)
+        proxy_rows.append(order[qi, rank])
+        gaps.append(nearest[qi, rank])
+    offsets, hits = _csr(len(points), np.concatenate(query_rows), ids[np.concatenate(proxy_rows)])
+    return offsets, hits, np.sqrt(np.concatenate(gaps)).astype(np.float32)
+
+
+def _sweep_slab(tight, dims, lower, upper, radius, delta):
+    """(q, n) [enter, leave] within [0, 1] of the slab test of each moving shape's box (a ball's:
+    its centre grown by r) against each box; enter is +inf where they never overlap."""
+    lo = (tight[None, :, :dims].astype(_F64) - upper[:, None, :]) - radius[:, None, None]
+    hi = (tight[None, :, dims:].astype(_F64) - lower[:, None, :]) + radius[:, None, None]
+    d = delta[:, None, :]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t1, t2 = lo / d, hi / d
+    still = d == 0
+    apart = (lo > 0) | (hi < 0)
+    near = np.where(still, np.where(apart, np.inf, -np.inf), np.minimum(t1, t2)).max(axis=2)
+    far = np.where(still, np.where(apart, -np.inf, np.inf), np.maximum(t1, t2)).min(axis=2)
+    hit = (near <= far) & (far >= 0.0) & (near <= 1.0)
+    return np.where(hit, np.maximum(near, 0.0), np.inf), np.minimum(far, 1.0)
+
+
+def _ball_gap(lo, hi, centre, delta, t, dims):
+    return _squared_sum(_axis_gaps(centre + t[:, None] * delta, lo, hi), dims)
+
+
+def _piece_touch(lo, hi, centre, delta, radius_sq, a, b, dims):
+    """First t in [a, b] where the ball touches the box on a piece of the path along which each axis is
+    below, inside or above the box throughout: the smaller root of one quadratic."""
+    m = 0.5 * (a + b)
+    qa, qb, qc = np.zeros(len(a)), np.zeros(len(a)), np.zeros(len(a))
+    for i in range(dims):
+        p = centre[:, i] + m * delta[:, i]
+        below, above = p < lo[:, i], p > hi[:, i]
+        alpha = np.where(below, lo[:, i] - centre[:, i], centre[:, i] - hi[:, i])
+        beta = np.where(below, -delta[:, i], delta[:, i])
+        active = below | above
+        qa = np.where(active, qa + beta * beta, qa)
+        qb = np.where(active, qb + alpha * beta, qb)
+        qc = np.where(active, qc + alpha * alpha, qc)
+    qb = 2.0 * qb
+    qc = qc - radius_sq
+    disc = qb * qb - 4.0 * qa * qc
+    root = np.sqrt(np.maximum(disc, 0.0))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rising = qb <= 0.0
+        large = np.where(rising, (root - qb) / (2.0 * qa), (2.0 * qc) / (-qb - root))
+        small = np.where(rising, np.where(root - qb > 0.0, (2.0 * qc) / (root - qb), 0.0), (-qb - root) / (2.0 * qa))
+    flat = qa == 0.0
+    touch = np.where(flat, qc <= 0.0, (disc >= 0.0) & ~(small > b) & ~(large < a))
+    return touch, np.where(flat | ~(small > a), a, small)
+
+
+def _ball_first_touch(lo, hi, centre, delta, radius_sq, enter, leave, dims):
+    """(touches, t) per candidate pair: the first t in [enter, leave] at which the ball touches the box.
+    The squared distance along the path is convex and piecewise quadratic, cut where the centre crosses
+    a plane of the box; the first touch is at enter, or in the first piece that reaches r^2."""
+    found = _ball_gap(lo, hi, centre, delta, enter, dims) <= radius_sq
+    t = enter.copy()
+    cuts = []
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for i in range(dims):
+            for bound in (lo[:, i], hi[:, i]):
+                x = (bound - centre[:, i]) / delta[:, i]
+                cuts.append(np.where((delta[:, i] != 0.0) & (enter < x) & (x < leave), x, np.inf))
+    ends = np.sort(np.stack(cuts, axis=1), axis=1) if cuts else np.zeros((len(enter), 0))
+    ends = np.concatenate([ends, leave[:, None]], axis=1)
+    ends = np.where(np.isinf(ends), leave[:, None], ends)
+    starts = np.concatenate([enter[:, None], ends[:, :-1]], axis=1)
+    for j in range(ends.shape[1]):
+        a, b = starts[:, j], ends[:, j]
+        touch, at = _piece_touch(lo, hi, centre, delta, radius_sq, a, b, dims)
+        touch &= (a < b) & ~found
+        t = np.where(touch, at, t)
+        found |= touch
+    return found, t
+
+
+def sweep_hits(tight, ids, dims, shapes, radii, displacements, first_hit):
+    """Box casts (radii None, shapes are boxes) or ball casts (shapes are centres): (offsets, hits,
+    fractions), the first t each shape touches each box, ordered by t then id."""
+    q = len(shapes)
+    lower = shapes[:, :dims].astype(_F64)
+    upper = lower if radii is not None else shapes[:, dims:].astype(_F64)
+    radius = radii.astype(_F64) if radii is not None else np.zeros(q)
+    delta = displacements.astype(_F64)
+    query_rows, proxy_rows, fractions = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], [np.zeros(0)]
+    for start, stop in _chunks(q, len(tight) * dims * 6):
+        part = slice(start, stop)
+        enter, leave = _sweep_slab(tight, dims, lower[part], upper[part], radius[part], delta[part])
+        qi, pi = np.nonzero(enter != np.inf)
+        t = enter[qi, pi]
+        if radii is not None:
+            box = tight[pi].astype(_F64)
+            touch, t = _ball_first_touch(box[:, :dims], box[:, dims:], lower[part][qi], delta[part][qi],
+                                         radius[part][qi] * radius[part][qi], t, leave[qi, pi], dims)
+            qi, pi, t = qi[touch], pi[touch], t[touch]
+        query_rows.append(qi + start)
+        proxy_rows.append(pi)
+        fractions.append(t)
+    qi, pi, fr = np.concatenate(query_rows), np.concatenate(proxy_rows), np.concatenate(fractions)
+    order = np.lexsort((pi, fr, qi))
+    qi, pi, fr = qi[order], pi[order], fr[order]
+    if first_hit:
+        first = np.ones(len(qi), bool)
+        first[1:] = qi[1:] != qi[:-1]
+        qi, pi, fr = qi[first], pi[first], fr[first]
+    offsets, hits = _csr(q, qi, ids[pi])
+    return offsets, hits, np.ascontiguousarray(fr, dtype=_F64)
+
+
+def crossing_rows(tight_a, tight_b, dims):
+    """Row pairs (i in a, j in b) of overlapping boxes, all against all, a few rows of a at a time."""
+    found_a, found_b = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+    for start, stop in _chunks(len(tight_a), len(tight_b) * dims):
+        a = tight_a[start:stop, None, :]
+        i, j = np.nonzero(((a[..., :dims] <= tight_b[None, :, dims:]) & (tight_b[None, :, :dims] <= a[..., dims:])).all(2))
+        found_a.append(i + start)
+        found_b.append(j)
+    return np.concatenate(found_a), np.concatenate(found_b)
+
+
 def overlapping_rows(tight, dims):
     """Row pairs (a, b) of all overlapping boxes, each unordered pair once.
 
@@ -341,6 +489,24 @@ class _Structure:
         planes = v.as_planes(planes, self._dims)
         return frustum_hits(*self._query_set(v.as_mask(mask), include_sensors), self._dims, planes)
 
+    def _nearest(self, points, k, max_distance, mask=None, include_sensors=False):
+        points = v.as_points(points, self._dims, "points")
+        k, max_distance = v.as_count(k), v.as_distance(max_distance)
+        return nearest_hits(*self._query_set(v.as_mask(mask), include_sensors), self._dims, points, k, max_distance)
+
+    def _cast_box(self, boxes, displacements, first_hit=False, mask=None, include_sensors=False):
+        boxes = v.as_boxes(boxes, self._dims)
+        displacements = v.as_displacements(displacements, self._dims, len(boxes), "boxes")
+        return sweep_hits(*self._query_set(v.as_mask(mask), include_sensors), self._dims, boxes, None, displacements,
+                          bool(first_hit))
+
+    def _cast_sphere(self, centers, radii, displacements, first_hit=False, mask=None, include_sensors=False):
+        centers = v.as_points(centers, self._dims, "centers")
+        radii = v.as_radii(radii, len(centers))
+        displacements = v.as_displacements(displacements, self._dims, len(centers), "centers")
+        return sweep_hits(*self._query_set(v.as_mask(mask), include_sensors), self._dims, centers, radii,
+                          displacements, bool(first_hit))
+
     def _dump(self, **extra) -> bytes:
         return _save_arrays(kind=np.array(self._kind), dims=np.array(self._dims),
                             margin=np.array(self._margin), **self._proxies.dump(), **extra)
@@ -385,6 +551,15 @@ class Tree(_Structure):
 
     def query_frustum(self, planes):
         return self._frustum(planes)
+
+    def query_nearest(self, points, k, max_distance=np.inf):
+        return self._nearest(points, k, max_distance)
+
+    def cast_box(self, boxes, displacements, first_hit=False):
+        return self._cast_box(boxes, displacements, first_hit)
+
+    def cast_sphere(self, centers, radii, displacements, first_hit=False):
+        return self._cast_sphere(centers, radii, displacements, first_hit)
 
     def pairs(self) -> np.ndarray:
         a, b = overlapping_rows(self._proxies.columns["tight"], self._dims)
@@ -535,6 +710,15 @@ class Broadphase(_Structure):
     def query_frustum(self, planes, mask=None, include_sensors=False):
         return self._frustum(planes, mask, include_sensors)
 
+    def query_nearest(self, points, k, max_distance=np.inf, mask=None, include_sensors=False):
+        return self._nearest(points, k, max_distance, mask, include_sensors)
+
+    def cast_box(self, boxes, displacements, first_hit=False, mask=None, include_sensors=False):
+        return self._cast_box(boxes, displacements, first_hit, mask, include_sensors)
+
+    def cast_sphere(self, centers, radii, displacements, first_hit=False, mask=None, include_sensors=False):
+        return self._cast_sphere(centers, radii, displacements, first_hit, mask, include_sensors)
+
     def validate(self) -> None:
         super().validate()
         reported = self._reported
@@ -579,6 +763,22 @@ def sensor_touches(shapes: np.ndarray, kinds: np.ndarray, boxes: np.ndarray, dim
         distance_sq = distance_sq + gap * gap
     radius = radius + grow
     return np.where(kinds == 1, box_touch, distance_sq <= radius * radius)
+
+
+def overlap(a, b, mask_a=None, mask_b=None, max_pairs=None, include_sensors=False) -> np.ndarray:
+    """Brute-force `dbvt.overlap`: `(m, 2)` uint64 rows [id in a, id in b] of overlapping tight boxes
+    (sensors left out unless `include_sensors`)."""
+    for name, structure in (("a", a), ("b", b)):
+        if not isinstance(structure, _Structure):
+            raise TypeError(f"overlap: {name} must be a dbvt.Tree or dbvt.Broadphase, not {type(structure).__name__}")
+    mask_a, mask_b, limit = v.check_overlap(a, b, mask_a, mask_b, max_pairs, lambda s: isinstance(s, Broadphase))
+    tight_a, ids_a = a._query_set(mask_a, include_sensors)
+    tight_b, ids_b = b._query_set(mask_b, include_sensors)
+    i, j = crossing_rows(tight_a, tight_b, a.dims)
+    if 0 <= limit < len(i):
+        raise v.HitLimit(f"the overlap found more than {limit} pairs (max_pairs)")
+    rows = np.stack([ids_a[i], ids_b[j]], axis=1).astype(np.uint64).reshape(-1, 2)
+    return np.ascontiguousarray(rows[np.lexsort((rows[:, 1], rows[:, 0]))])
 
 
 def _sorted_pairs(pairs: set) -> np.ndarray:

@@ -10,6 +10,7 @@ import numpy as np
 
 MAX_FRUSTUM_PLANES = 32
 UINT32_MAX = 0xFFFFFFFF
+INT64_MAX = 2**63 - 1
 
 
 def check_dims(dims: int) -> int:
@@ -72,7 +73,7 @@ def as_ids(ids, name: str = "ids") -> np.ndarray:
     return np.ascontiguousarray(arr, dtype=np.uint64)
 
 
-def _as_rows(values, width: int, name: str, rows: int | None) -> np.ndarray:
+def _as_rows(values, width: int, name: str, rows: int | None, against: str = "ids") -> np.ndarray:
     try:
         arr = np.asarray(values, dtype=np.float32)
     except (TypeError, ValueError) as exc:
@@ -82,7 +83,7 @@ def _as_rows(values, width: int, name: str, rows: int | None) -> np.ndarray:
     if arr.ndim != 2 or arr.shape[1] != width:
         raise ValueError(f"{name} must have shape (n, {width}), got {arr.shape}")
     if rows is not None and arr.shape[0] != rows:
-        raise ValueError(f"{name} has {arr.shape[0]} rows but ids has {rows}")
+        raise ValueError(f"{name} has {arr.shape[0]} rows but {against} has {rows}")
     _check_finite(arr, name)
     return np.ascontiguousarray(arr)
 
@@ -112,6 +113,34 @@ def as_points(points, dims: int, name: str) -> np.ndarray:
 def as_segments(segments, dims: int) -> np.ndarray:
     """(q, 2*dims) float32 rows [from..., to...]."""
     return _as_rows(segments, 2 * dims, "segments", None)
+
+
+def as_displacements(displacements, dims: int, rows: int, against: str) -> np.ndarray:
+    """(n, dims) float32 displacements of casts, one per row of `against`."""
+    return _as_rows(displacements, dims, "displacements", rows, against)
+
+
+def as_count(k, name: str = "k") -> int:
+    """A number of results per query: an integer >= 0 (0 asks for nothing)."""
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+        raise ValueError(f"{name} must be an integer, not {k!r}")
+    k = int(k)
+    if not 0 <= k <= INT64_MAX:
+        raise ValueError(f"{name} must be between 0 and {INT64_MAX}, not {k}")
+    return k
+
+
+def as_distance(value, name: str = "max_distance") -> float:
+    """A distance limit: a number >= 0, inf for none."""
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be a number, not {value!r}")
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number, not {value!r}") from None
+    if not value >= 0.0:
+        raise ValueError(f"{name} must be a number >= 0 (inf for no limit), not {value!r}")
+    return value
 
 
 def as_radii(radii, rows: int) -> np.ndarray:
@@ -183,6 +212,24 @@ def as_mask(mask) -> int | None:
     return mask
 
 
+def check_overlap(a, b, mask_a, mask_b, max_pairs, has_groups) -> tuple:
+    """overlap()'s arguments: structures of one dims, masks only where there are groups to filter
+    (`has_groups(structure)`), and an optional limit on the pairs. Returns the masks and the limit
+    (-1: none)."""
+    if a.dims != b.dims:
+        raise ValueError(f"overlap needs structures of the same dims, got {a.dims}-D and {b.dims}-D")
+    masks = []
+    for name, structure, mask in (("mask_a", a, mask_a), ("mask_b", b, mask_b)):
+        if mask is not None and not has_groups(structure):
+            raise ValueError(f"{name} needs a Broadphase: a Tree's proxies have no groups to filter")
+        masks.append(as_mask(mask))
+    if max_pairs is None:
+        return masks[0], masks[1], -1
+    if isinstance(max_pairs, bool) or not isinstance(max_pairs, (int, np.integer)) or not 0 <= max_pairs <= INT64_MAX:
+        raise ValueError(f"max_pairs must be an integer >= 0 or None, not {max_pairs!r}")
+    return masks[0], masks[1], int(max_pairs)
+
+
 def first_duplicate(ids: np.ndarray) -> int:
     """Row of the first id that repeats an earlier row, or -1. Used by the reference only;
     the Cython structures find duplicates with their own hash table."""
@@ -194,6 +241,11 @@ def first_duplicate(ids: np.ndarray) -> int:
     if not repeats.size:
         return -1
     return int(order[repeats + 1].min())
+
+
+class HitLimit(Exception):
+    """A call's queries hit more proxies than the structure's `max_hits` allows, or an overlap found more
+    pairs than its `max_pairs`; nothing is returned."""
 
 
 # The id errors every implementation raises. Rows are checked in order and the first row with a

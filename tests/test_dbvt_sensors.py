@@ -97,6 +97,15 @@ class SensorMachine(RuleBasedStateMachine):
         centres = probes[:, :self.dims]
         assert_same_csr(self.real.query_sphere(centres, 2.0, include_sensors=include_sensors),
                         self.ref.query_sphere(centres, 2.0, include_sensors=include_sensors))
+        for got, expected in zip(self.real.query_nearest(centres, 3, include_sensors=include_sensors),
+                                 self.ref.query_nearest(centres, 3, include_sensors=include_sensors)):
+            np.testing.assert_array_equal(got, expected)
+        moves = np.ones((3, self.dims), np.float32)
+        for got, expected in zip(self.real.cast_box(probes, moves, include_sensors=include_sensors),
+                                 self.ref.cast_box(probes, moves, include_sensors=include_sensors)):
+            np.testing.assert_array_equal(got, expected)
+        np.testing.assert_array_equal(dbvt.overlap(self.real, self.real, include_sensors=include_sensors),
+                                      reference.overlap(self.ref, self.ref, include_sensors=include_sensors))
 
     @invariant()
     def agree(self):

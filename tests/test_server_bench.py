@@ -84,3 +84,19 @@ def test_sensors_bench_times_the_step_a_watcher_and_more_watchers(capsys):
                           ("server CPU per step, 8 watchers / 1: median ", "target <= 1.10")):
         [line] = [line for line in out.splitlines() if line.startswith(label)]
         assert float(line[len(label):].split()[0]) > 0 and line.endswith(target)
+
+
+def test_queries_bench_times_every_query_checks_them_and_says_about_rtree(capsys):
+    argv = ["queries", "--n", "2000", "--repeat", "3", "--points", "300", "--rtree-points", "50"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == "command: dbvt-bench " + " ".join(argv)
+    assert out.splitlines()[-1].startswith("load average (1/5/15 min) at end: ")
+    for label in ("query_nearest, k = 8 ", "cast_box, all hits, moved 20 ", "cast_sphere, r = 2, moved 20 ",
+                  "overlap of two W1 worlds "):
+        [line] = [line for line in out.splitlines() if line.startswith(label)]
+        median, spread = (cell.strip() for cell in line.split("|")[2:4])
+        low, high = (float(end) for end in spread.split("-"))
+        assert 0 < low <= float(median) <= high
+    assert "MISMATCH" not in out and out.count("  OK ") >= 4
+    assert "rtree nearest, k = 8" in out or "rtree: not installed" in out

@@ -3,6 +3,7 @@
     dbvt-bench workload w1 N STEPS DIR [--seed S]              W1 data and its exact answers
     dbvt-bench workload w2 N STEPS DIR [--dims 2|3] [--seed S] W2 data and its exact answers
     dbvt-bench core [DIR] [--n N --steps S] [--repeat R] ...   the core, beside python-fcl
+    dbvt-bench queries [--n N] [--repeat R] ...                nearest, casts and overlap, beside rtree
     dbvt-bench wire [DIR] [--target HOST:PORT] [--repeats R] ... the service over the wire
     dbvt-bench secured [DIR] [--repeats R] ...                 TLS and a token against plaintext
     dbvt-bench metrics [DIR] [--repeats R] ...                 metrics on against off
@@ -18,11 +19,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dbvt_server.bench import console, core, paired, persist, sensors, wire, workload
+from dbvt_server.bench import console, core, paired, persist, queries, sensors, wire, workload
 
 COMMANDS = {
     "workload": (workload, "make W1 or W2 data with its exact answers (expected.json)"),
     "core": (core, "the dbvt core on a W1 or W2 directory, python-fcl beside it on W1"),
+    "queries": (queries, "query_nearest, cast_box, cast_sphere and overlap on W1, rtree's nearest beside them"),
     "wire": (wire, "W1 streamed through a dbvt-server, beside the in-process core"),
     "secured": (paired, "W1's streamed step and box queries with TLS and a token, against plaintext"),
     "metrics": (paired, "W1's streamed step and box queries with metrics on, against off"),
