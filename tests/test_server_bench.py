@@ -83,7 +83,9 @@ def test_sensors_bench_times_the_step_a_watcher_and_more_watchers(capsys):
                           ("a watcher hears a tick after its answer: median ", "target <= 1.0 ms"),
                           ("server CPU per step, 8 watchers / 1: median ", "target <= 1.10")):
         [line] = [line for line in out.splitlines() if line.startswith(label)]
-        assert float(line[len(label):].split()[0]) > 0 and line.endswith(target)
+        figure = float(line[len(label):].split()[0])
+        # A watcher may hear of a tick before the writer has its answer: a latency may be negative.
+        assert (figure > 0 or "watcher hears" in label) and line.endswith(target)
 
 
 def test_queries_bench_times_every_query_checks_them_and_says_about_rtree(capsys):
