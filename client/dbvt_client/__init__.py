@@ -16,13 +16,14 @@ from dbvt_client.client import BatchStream, Client, World
 from dbvt_client.errors import (AlreadyExists, Cancelled, DbvtError, DeadlineExceeded, FailedPrecondition, Internal,
                                 InvalidArgument, NotFound, PermissionDenied, ResourceExhausted, TickMismatch,
                                 Unauthenticated, Unavailable, Unimplemented, Unknown)
-from dbvt_client.results import BatchResult, Hits, RayHits, SensorEvents, Snapshot, WorldInfo
+from dbvt_client.results import (BatchResult, Crossings, Hits, NearestHits, RayHits, SensorEvents, Snapshot,
+                                 WorldInfo)
 from dbvt_client.security import TLS
 from dbvt_client.watching import AsyncSensorWatch, SensorSet, SensorWatch
 
 __all__ = [
     "Client", "World", "BatchStream", "AsyncClient", "AsyncWorld", "AsyncBatchStream", "Create", "TLS",
-    "BatchResult", "Hits", "RayHits", "WorldInfo", "Snapshot", "SensorEvents", "SensorWatch", "AsyncSensorWatch",
+    "BatchResult", "Hits", "RayHits", "NearestHits", "Crossings", "WorldInfo", "Snapshot", "SensorEvents", "SensorWatch", "AsyncSensorWatch",
     "SensorSet",
     "DbvtError", "InvalidArgument", "NotFound", "AlreadyExists", "ResourceExhausted", "FailedPrecondition",
     "TickMismatch",

@@ -11,7 +11,7 @@ from dbvt_client import batches, parts, queries, transfer, watching
 from dbvt_client.client import (DEFAULT_MAX_PROXIES_PER_WORLD, DEFAULT_MAX_WORLDS, create_request, server_dict,
                                 stats_dict, world_info)
 from dbvt_client.errors import (DbvtError, Unavailable, from_exception, from_rpc_error, from_stream_status)
-from dbvt_client.results import BatchResult, Hits, RayHits, Snapshot, WorldInfo
+from dbvt_client.results import BatchResult, Crossings, Hits, NearestHits, RayHits, Snapshot, WorldInfo
 from dbvt_client.transport import (ANSWERED_IN_PARTS, QUERY_FIELDS, Connection, answer_too_big, local_transport,
                                    query_answer, query_set)
 from dbvt_proto.v1 import broadphase_pb2 as pb
@@ -150,6 +150,11 @@ class AsyncClient:
         await self._transport.upload("ImportWorld", requests)
         return AsyncWorld(self, name)
 
+    async def overlap(self, world_a: str, world_b: str, *, mask_a=None, mask_b=None,
+                      include_sensors: bool = False) -> Crossings:
+        """See `Client.overlap`."""
+        return await self._run(queries.overlap(world_a, world_b, mask_a, mask_b, include_sensors))
+
     async def _run(self, plan: queries.Plan):
         return plan.finish(await self._transport.query(plan.method, plan.requests))
 
@@ -192,6 +197,24 @@ class AsyncWorld:
     async def query_frustum(self, planes, mask=None, include_sensors: bool = False) -> Hits:
         limit = await self._client.max_message_bytes()
         return await self._client._run(queries.frustum(self.name, planes, mask, limit, include_sensors))
+
+    async def query_nearest(self, points, k: int, max_distance: float = float("inf"), mask=None,
+                            include_sensors: bool = False) -> NearestHits:
+        limit = await self._client.max_message_bytes()
+        return await self._client._run(queries.nearest(self.name, points, k, max_distance, mask, limit,
+                                                       include_sensors))
+
+    async def cast_box(self, boxes, displacements, first_hit: bool = False, mask=None,
+                       include_sensors: bool = False) -> RayHits:
+        limit = await self._client.max_message_bytes()
+        return await self._client._run(queries.cast_box(self.name, boxes, displacements, first_hit, mask, limit,
+                                                        include_sensors))
+
+    async def cast_sphere(self, centers, radii, displacements, first_hit: bool = False, mask=None,
+                          include_sensors: bool = False) -> RayHits:
+        limit = await self._client.max_message_bytes()
+        return await self._client._run(queries.cast_sphere(self.name, centers, radii, displacements, first_hit,
+                                                           mask, limit, include_sensors))
 
     async def pairs(self):
         return await self._client._run(queries.pairs(self.name))

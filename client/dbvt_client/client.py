@@ -12,7 +12,7 @@ import numpy as np
 
 from dbvt_client import batches, parts, queries, transfer, watching
 from dbvt_client.errors import DbvtError, InvalidArgument, Unavailable, from_exception
-from dbvt_client.results import BatchResult, Hits, RayHits, Snapshot, WorldInfo
+from dbvt_client.results import BatchResult, Crossings, Hits, NearestHits, RayHits, Snapshot, WorldInfo
 from dbvt_client.transport import Connection, GrpcTransport, local_transport
 from dbvt_proto.v1 import broadphase_pb2 as pb
 
@@ -147,6 +147,12 @@ class Client:
         self._transport.upload("ImportWorld", requests)
         return World(self, name)
 
+    def overlap(self, world_a: str, world_b: str, *, mask_a=None, mask_b=None,
+                include_sensors: bool = False) -> Crossings:
+        """Every `[id in world_a, id in world_b]` whose tight boxes overlap, sorted, with both worlds'
+        ticks: both are held still for the call. Worlds of different dims raise InvalidArgument."""
+        return self._run(queries.overlap(world_a, world_b, mask_a, mask_b, include_sensors))
+
     def _run(self, plan: queries.Plan):
         return plan.finish(self._transport.query(plan.method, plan.requests))
 
@@ -201,6 +207,26 @@ class World:
     def query_frustum(self, planes, mask=None, include_sensors: bool = False) -> Hits:
         return self._client._run(queries.frustum(self.name, planes, mask, self._client.max_message_bytes(),
                                                  include_sensors))
+
+    def query_nearest(self, points, k: int, max_distance: float = float("inf"), mask=None,
+                      include_sensors: bool = False) -> NearestHits:
+        """For each point, up to k proxies nearest to it (distance to the tight box, 0 inside), no
+        farther than `max_distance`, by distance then id: `(offsets, hits, distances)`."""
+        return self._client._run(queries.nearest(self.name, points, k, max_distance, mask,
+                                                 self._client.max_message_bytes(), include_sensors))
+
+    def cast_box(self, boxes, displacements, first_hit: bool = False, mask=None,
+                 include_sensors: bool = False) -> RayHits:
+        """What each box touches when moved by t * displacement, t in [0, 1], and the first t at which
+        (0 when it touches at the start), by t then id: `(offsets, hits, fractions)`."""
+        return self._client._run(queries.cast_box(self.name, boxes, displacements, first_hit, mask,
+                                                  self._client.max_message_bytes(), include_sensors))
+
+    def cast_sphere(self, centers, radii, displacements, first_hit: bool = False, mask=None,
+                    include_sensors: bool = False) -> RayHits:
+        """As `cast_box`, for balls (a ball touches a box when its centre is within its radius of it)."""
+        return self._client._run(queries.cast_sphere(self.name, centers, radii, displacements, first_hit, mask,
+                                                     self._client.max_message_bytes(), include_sensors))
 
     def pairs(self):
         """All current pairs, (m, 2) uint64, rows (a, b) with a < b, sorted."""

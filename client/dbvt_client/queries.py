@@ -13,7 +13,7 @@ import numpy as np
 from dbvt_client import wire
 from dbvt_client.batches import MESSAGE_OVERHEAD
 from dbvt_client.errors import InvalidArgument
-from dbvt_client.results import Hits, RayHits
+from dbvt_client.results import Crossings, Hits, NearestHits, RayHits
 from dbvt_proto.v1 import broadphase_pb2 as pb
 
 @dataclass
@@ -94,6 +94,78 @@ def raycast(world: str, segments, first_hit: bool, mask, max_message_bytes: int,
                        incarnation=response.incarnation)
 
     return Plan("Raycast", requests, finish)
+
+
+def nearest(world: str, points, k, max_distance, mask, max_message_bytes: int, include_sensors: bool) -> Plan:
+    arr = wire.float_array(points, "points", 2)
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 0 <= k < 2**32:
+        raise InvalidArgument(f"k must be an integer >= 0, not {k!r}")
+    base = _common(world, mask, include_sensors)
+    base["k"] = int(k)
+    if max_distance is not None and max_distance != float("inf"):
+        base["max_distance"] = float(max_distance)
+    ranges = _ranges(len(arr), arr[:1].nbytes, max_message_bytes)
+    requests = [pb.QueryNearestRequest(count=b - a, points=arr[a:b].tobytes(), **base) for a, b in ranges]
+
+    def finish(response):
+        offsets, hits = wire.decode_csr(response.offsets, response.hits, len(arr))
+        return NearestHits(offsets, hits, np.frombuffer(response.distances, wire.FLOATS), tick=response.tick,
+                           incarnation=response.incarnation)
+
+    return Plan("QueryNearest", requests, finish)
+
+
+def _cast_finish(count: int):
+    def finish(response):
+        offsets, hits = wire.decode_csr(response.offsets, response.hits, count)
+        return RayHits(offsets, hits, np.frombuffer(response.fractions, wire.FRACTIONS), tick=response.tick,
+                       incarnation=response.incarnation)
+
+    return finish
+
+
+def cast_box(world: str, boxes, displacements, first_hit: bool, mask, max_message_bytes: int,
+             include_sensors: bool) -> Plan:
+    arr = wire.float_array(boxes, "boxes", 2)
+    moves = wire.float_array(displacements, "displacements", 2)
+    if len(moves) != len(arr):
+        raise InvalidArgument(f"displacements has {len(moves)} rows but boxes has {len(arr)}")
+    base = _common(world, mask, include_sensors)
+    ranges = _ranges(len(arr), arr[:1].nbytes + moves[:1].nbytes, max_message_bytes)
+    requests = [pb.CastBoxRequest(count=b - a, boxes=arr[a:b].tobytes(), displacements=moves[a:b].tobytes(),
+                                  first_hit=bool(first_hit), **base) for a, b in ranges]
+    return Plan("CastBox", requests, _cast_finish(len(arr)))
+
+
+def cast_sphere(world: str, centers, radii, displacements, first_hit: bool, mask, max_message_bytes: int,
+                include_sensors: bool) -> Plan:
+    arr = wire.float_array(centers, "centers", 2)
+    if np.ndim(radii) == 0:
+        radii = np.full(len(arr), radii)
+    radii_arr = wire.float_array(radii, "radii", np.ndim(radii))
+    moves = wire.float_array(displacements, "displacements", 2)
+    if radii_arr.shape != (len(arr),) or len(moves) != len(arr):
+        raise InvalidArgument(f"radii and displacements need one row per centre ({len(arr)}), "
+                              f"got {radii_arr.shape} and {moves.shape}")
+    base = _common(world, mask, include_sensors)
+    ranges = _ranges(len(arr), arr[:1].nbytes + 4 + moves[:1].nbytes, max_message_bytes)
+    requests = [pb.CastSphereRequest(count=b - a, centers=arr[a:b].tobytes(), radii=radii_arr[a:b].tobytes(),
+                                     displacements=moves[a:b].tobytes(), first_hit=bool(first_hit), **base)
+                for a, b in ranges]
+    return Plan("CastSphere", requests, _cast_finish(len(arr)))
+
+
+def overlap(world_a: str, world_b: str, mask_a, mask_b, include_sensors: bool) -> Plan:
+    request = pb.OverlapRequest(world_a=world_a, world_b=world_b, include_sensors=bool(include_sensors))
+    for field, mask in (("mask_a", mask_a), ("mask_b", mask_b)):
+        if mask is not None:
+            setattr(request, field, _common("", mask)["mask"])
+
+    def finish(response):
+        return Crossings(wire.decode_rows(response.pairs, wire.IDS, 2, "pairs").copy(), response.tick_a,
+                         response.tick_b, response.incarnation_a, response.incarnation_b)
+
+    return Plan("Overlap", [request], finish)
 
 
 def pairs(world: str) -> Plan:

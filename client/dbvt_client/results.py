@@ -73,6 +73,43 @@ class RayHits(tuple):
         return self[2]
 
 
+class NearestHits(tuple):
+    """`(offsets, hits, distances)` of `query_nearest`: for point i, `hits[offsets[i]:offsets[i+1]]` by
+    distance then id, and `distances` (float32) from the point to each hit's tight box."""
+
+    tick: int
+    incarnation: int
+
+    def __new__(cls, offsets: np.ndarray, hits: np.ndarray, distances: np.ndarray, tick: int, incarnation: int = 0):
+        made = super().__new__(cls, (offsets, hits, distances))
+        made.tick, made.incarnation = tick, incarnation
+        return made
+
+    @property
+    def offsets(self) -> np.ndarray:
+        return self[0]
+
+    @property
+    def hits(self) -> np.ndarray:
+        return self[1]
+
+    @property
+    def distances(self) -> np.ndarray:
+        return self[2]
+
+
+@dataclass(frozen=True)
+class Crossings:
+    """`client.overlap(a, b)`: `pairs`, `(m, 2)` uint64 rows `[id in a, id in b]` whose tight boxes
+    overlap, sorted, at the worlds' ticks `tick_a` and `tick_b` (both held still for the call)."""
+
+    pairs: np.ndarray
+    tick_a: int
+    tick_b: int
+    incarnation_a: int
+    incarnation_b: int
+
+
 @dataclass(frozen=True)
 class WorldInfo:
     """A world's settings and size. `track_pairs` is False for a query-only world.

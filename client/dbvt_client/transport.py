@@ -24,9 +24,10 @@ CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_mess
 PORTLESS_SCHEMES = ("unix", "unix-abstract", "vsock")
 HOST_AND_PORT = re.compile(r"(\[[^\]]*\]|[^:\[\]]+):\d+")
 # RPCs that answer with a stream of parts of one answer.
-ANSWERED_IN_PARTS = ("ApplyBatch", "GetPairs", "ExportWorld", "GetSensorPairs")
+ANSWERED_IN_PARTS = ("ApplyBatch", "GetPairs", "ExportWorld", "GetSensorPairs", "Overlap")
 # Each query RPC's field in a QueryRequest, for query sets sent with Query.
-QUERY_FIELDS = {"QueryAabb": "aabb", "QuerySphere": "sphere", "Raycast": "raycast", "QueryFrustum": "frustum"}
+QUERY_FIELDS = {"QueryAabb": "aabb", "QuerySphere": "sphere", "Raycast": "raycast", "QueryFrustum": "frustum",
+                "QueryNearest": "nearest", "CastBox": "cast_box", "CastSphere": "cast_sphere"}
 
 
 def answer_too_big(error: grpc.RpcError) -> bool:

@@ -15,7 +15,7 @@ from dbvt_server import __version__, images
 from dbvt_server.persistence import Store, new_incarnation
 from dbvt_server.staging import StagedBytes
 from dbvt_server.watch import SensorFeed
-from dbvt_server.worlds import WORLD_RPCS, World
+from dbvt_server.worlds import WORLD_RPCS, World, overlap
 
 DEFAULT_DIMS = 3
 DEFAULT_MARGIN = 0.05
@@ -174,6 +174,11 @@ class Service:
             raise FailedPrecondition(f"world {quoted(world.name)} has no snapshots: {why}")
         return world.files
 
+    def overlap(self, request: pb.OverlapRequest) -> pb.OverlapResponse:
+        """In-process: the caller holds every world still."""
+        return overlap(self.world(request.world_a), self.world(request.world_b), request,
+                       self.limits.max_hits_per_call)
+
     def snapshot_world(self, request: pb.SnapshotWorldRequest) -> pb.SnapshotWorldResponse:
         """A snapshot written now (in-process: the caller holds the world still)."""
         world = self.world(request.world)
@@ -245,4 +250,5 @@ REGISTRY_RPCS = {
     "DeleteWorld": "delete_world",
     "ListWorlds": "list_worlds",
     "SnapshotWorld": "snapshot_world",
+    "Overlap": "overlap",
 }

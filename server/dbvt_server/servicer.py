@@ -28,16 +28,18 @@ from dbvt_server.service import Service
 from dbvt_server.staging import STAGED_BYTES_PER_PROXY, BatchStaging, Hold, stream_error, unfinished_error
 from dbvt_server.watch import Watcher, heartbeat, watched_sensors
 from dbvt_server.world_queue import WorldQueue
-from dbvt_server.worlds import WORLD_RPCS, World
+from dbvt_server.worlds import WORLD_RPCS, World, overlap
 
 log = logging.getLogger("dbvt_server")
 
 # The right each world RPC needs on its world (a token's role grants read, write or admin).
 RIGHTS = {"GetWorldStats": "read", "QueryAabb": "read", "QuerySphere": "read", "Raycast": "read",
           "QueryFrustum": "read", "GetPairs": "read", "ApplyBatch": "write", "StreamBatches": "write",
-          "SnapshotWorld": "admin", "ExportWorld": "admin", "GetSensorPairs": "read", "WatchSensors": "read"}
+          "SnapshotWorld": "admin", "ExportWorld": "admin", "GetSensorPairs": "read", "WatchSensors": "read",
+          "QueryNearest": "read", "CastBox": "read", "CastSphere": "read", "Overlap": "read"}
 # The query RPCs, by the name of their field in a QueryRequest part.
-QUERY_KINDS = {"aabb": "QueryAabb", "sphere": "QuerySphere", "raycast": "Raycast", "frustum": "QueryFrustum"}
+QUERY_KINDS = {"aabb": "QueryAabb", "sphere": "QuerySphere", "raycast": "Raycast", "frustum": "QueryFrustum",
+               "nearest": "QueryNearest", "cast_box": "CastBox", "cast_sphere": "CastSphere"}
 
 
 def _timed(function):
@@ -90,15 +92,19 @@ class BroadphaseServicer(pb_grpc.BroadphaseServiceServicer):
         started it runs to the end, and the world's next operation waits for it, so no call ever sees
         a world half-way through another.
         """
-        queue = self._queues.get(world)
-        if queue is None:
-            queue = self._queues[world] = WorldQueue(self._executor, self.service.limits.max_queued_per_world,
-                                                     f"world {quoted(world.name)} is busy")
+        queue = self._queue(world)
         if log.isEnabledFor(logging.DEBUG):
             function = _timed(function)
         if deadline is not None:
             function = _unless_late(function, deadline)
         return asyncio.wrap_future(queue.submit(function, world, request))
+
+    def _queue(self, world: World) -> WorldQueue:
+        queue = self._queues.get(world)
+        if queue is None:
+            queue = self._queues[world] = WorldQueue(self._executor, self.service.limits.max_queued_per_world,
+                                                     f"world {quoted(world.name)} is busy")
+        return queue
 
     @property
     def _max_message_bytes(self) -> int:
@@ -276,6 +282,45 @@ class BroadphaseServicer(pb_grpc.BroadphaseServiceServicer):
             if reserved:
                 self.service.import_finish(name, None)
             hold.release()
+
+    async def QueryNearest(self, request, context):
+        return await self._query_rpc("QueryNearest", request, context)
+
+    async def CastBox(self, request, context):
+        return await self._query_rpc("CastBox", request, context)
+
+    async def CastSphere(self, request, context):
+        return await self._query_rpc("CastSphere", request, context)
+
+    async def Overlap(self, request, context):
+        """Both worlds held still (held in the order of their names, so that two opposite calls cannot
+        wait for each other), the crossings found on a worker thread, the answer sent in parts."""
+        try:
+            _decoded(request)
+            for name in (request.world_a, request.world_b):
+                access.require(RIGHTS["Overlap"], name)
+            a, b = self.service.world(request.world_a), self.service.world(request.world_b)
+            response = await self._holding(sorted({a, b}, key=lambda world: world.name), overlap, a, b, request,
+                                           self.service.limits.max_hits_per_call)
+        except Exception as exc:
+            await self._abort(context, "Overlap", request, exc)
+        for part in parts.cut(response, self._max_message_bytes):
+            yield part
+
+    async def _holding(self, worlds: list[World], function, *args):
+        """`function(*args)` on a worker thread while every one of `worlds` is held still."""
+        held = []
+        try:
+            for world in worlds:
+                hold = self._queue(world).hold()
+                held.append((world, hold))
+                await asyncio.wrap_future(hold)
+            return await asyncio.get_running_loop().run_in_executor(self._executor, function, *args)
+        finally:
+            for world, hold in held:
+                # A hold that can no longer be cancelled has been (or is being) reached: release it.
+                if not hold.cancel():
+                    self._queue(world).release()
 
     async def GetSensorPairs(self, request, context):
         async for part in self._answer_in_parts("GetSensorPairs", request, context):

@@ -4,6 +4,10 @@ A thread that finishes an operation of a world takes the world's next queued ope
 than handing back to the event loop and waiting for it to start the next one, so a client that
 pipelines its batches keeps the world busy even while the event loop waits for a core. After each
 operation the world goes back in line on the pool, so that busy worlds share the threads fairly.
+
+An operation on several worlds (the overlap of two) holds each still with `hold()`, in a fixed order
+of worlds, and runs once all are held: a held world runs nothing until `release()`, and no thread
+waits meanwhile, so holds cannot starve the pool.
 """
 from __future__ import annotations
 
@@ -25,6 +29,18 @@ class WorldQueue:
         self._jobs: collections.deque[tuple[Future, Callable, tuple]] = collections.deque()
         # Whether a turn of this world is on the pool (queued or running): then it takes new jobs too.
         self._in_line = False
+
+    def hold(self) -> Future:
+        """The future of the moment every operation submitted before has run; from then the world runs
+        nothing more until `release()`. Cancelling the future before that moment drops the hold."""
+        return self.submit(_HOLD)
+
+    def release(self) -> None:
+        with self._lock:
+            if not self._jobs:
+                self._in_line = False
+                return
+        self._get_in_line()
 
     def submit(self, function: Callable, *args) -> Future:
         """The future of `function(*args)`, run after every operation submitted before it.
@@ -71,6 +87,10 @@ class WorldQueue:
                 job, function, args = self._jobs.popleft()
             if job.set_running_or_notify_cancel():
                 break
+        if function is _HOLD:
+            # The turn ends here and the world stays in line, so that nothing else runs until release().
+            job.set_result(None)
+            return False
         try:
             job.set_result(function(*args))
         except BaseException as exc:
@@ -80,3 +100,7 @@ class WorldQueue:
                 return True
             self._in_line = False
             return False
+
+
+def _HOLD() -> None:
+    """The marker of a hold in a world's queue; never called."""

@@ -12,6 +12,7 @@ import math
 
 import numpy as np
 
+import dbvt
 from dbvt import Broadphase, FatPairLimit, HitLimit, validation
 from dbvt_client import wire
 from dbvt_client.errors import InvalidArgument, ResourceExhausted, TickMismatch, quoted
@@ -311,6 +312,36 @@ class World:
                                                           include_sensors=request.include_sensors)
         return pb.QueryFrustumResponse(tick=self.tick, incarnation=self.incarnation, offsets=pack(offsets, wire.OFFSETS), hits=pack(hits, wire.IDS))
 
+    def query_nearest(self, request: pb.QueryNearestRequest) -> pb.QueryNearestResponse:
+        points = self._floats(request.points, (request.count, self.dims), "points")
+        reach = request.max_distance if request.HasField("max_distance") else math.inf
+        with self._hit_limit(request.count):
+            offsets, hits, distances = self.broadphase.query_nearest(
+                points, request.k, reach, mask=self._mask(request), include_sensors=request.include_sensors)
+        return pb.QueryNearestResponse(tick=self.tick, incarnation=self.incarnation, offsets=pack(offsets, wire.OFFSETS),
+                                       hits=pack(hits, wire.IDS), distances=pack(distances, wire.FLOATS))
+
+    def cast_box(self, request: pb.CastBoxRequest) -> pb.CastBoxResponse:
+        boxes = self._floats(request.boxes, (request.count, 2 * self.dims), "boxes")
+        moves = self._floats(request.displacements, (request.count, self.dims), "displacements")
+        with self._hit_limit(request.count):
+            offsets, hits, fractions = self.broadphase.cast_box(boxes, moves, first_hit=request.first_hit,
+                                                                mask=self._mask(request),
+                                                                include_sensors=request.include_sensors)
+        return pb.CastBoxResponse(tick=self.tick, incarnation=self.incarnation, offsets=pack(offsets, wire.OFFSETS),
+                                  hits=pack(hits, wire.IDS), fractions=pack(fractions, wire.FRACTIONS))
+
+    def cast_sphere(self, request: pb.CastSphereRequest) -> pb.CastSphereResponse:
+        centers = self._floats(request.centers, (request.count, self.dims), "centers")
+        radii = wire.decode(request.radii, wire.FLOATS, (request.count,), "radii")
+        moves = self._floats(request.displacements, (request.count, self.dims), "displacements")
+        with self._hit_limit(request.count):
+            offsets, hits, fractions = self.broadphase.cast_sphere(centers, radii, moves, first_hit=request.first_hit,
+                                                                   mask=self._mask(request),
+                                                                   include_sensors=request.include_sensors)
+        return pb.CastSphereResponse(tick=self.tick, incarnation=self.incarnation, offsets=pack(offsets, wire.OFFSETS),
+                                     hits=pack(hits, wire.IDS), fractions=pack(fractions, wire.FRACTIONS))
+
     def pairs(self, request: pb.GetPairsRequest) -> pb.GetPairsResponse:
         return pb.GetPairsResponse(tick=self.tick, incarnation=self.incarnation, pairs=pack(self.broadphase.pairs(), wire.IDS))
 
@@ -325,6 +356,24 @@ class World:
         """The world's image (dbvt_server.images) at its current tick, which the server sends in parts."""
         data = b"".join(images.encode(self.settings(), self.broadphase))
         return pb.ExportWorldResponse(world=self.info(), total_bytes=len(data), data=data)
+
+
+def overlap(a: World, b: World, request: pb.OverlapRequest, max_hits: int) -> pb.OverlapResponse:
+    """Every [id in a, id in b] whose tight boxes overlap; the caller holds both worlds still."""
+    if a.dims != b.dims:
+        raise InvalidArgument(f"world {quoted(a.name)} is {a.dims}-D and world {quoted(b.name)} is {b.dims}-D: "
+                              "only worlds of the same dims overlap")
+    mask_a = request.mask_a if request.HasField("mask_a") else None
+    mask_b = request.mask_b if request.HasField("mask_b") else None
+    try:
+        pairs = dbvt.overlap(a.broadphase, b.broadphase, mask_a, mask_b, max_pairs=max_hits,
+                             include_sensors=request.include_sensors)
+    except HitLimit:
+        raise ResourceExhausted(f"worlds {quoted(a.name)} and {quoted(b.name)} cross in more than {max_hits} "
+                                "pairs, the most one call may return (--max-hits-per-call); use masks to ask "
+                                "for less") from None
+    return pb.OverlapResponse(tick_a=a.tick, tick_b=b.tick, incarnation_a=a.incarnation, incarnation_b=b.incarnation,
+                              pairs=pack(pairs, wire.IDS))
 
 
 def _set_sensors_back(bp: Broadphase, refused: tuple, undone: tuple) -> None:
@@ -352,5 +401,8 @@ WORLD_RPCS = {
     "QueryFrustum": World.query_frustum,
     "GetPairs": World.pairs,
     "GetSensorPairs": World.sensor_pairs,
+    "QueryNearest": World.query_nearest,
+    "CastBox": World.cast_box,
+    "CastSphere": World.cast_sphere,
     "ExportWorld": World.export,
 }

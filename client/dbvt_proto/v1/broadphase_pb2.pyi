@@ -934,6 +934,9 @@ class QueryRequest(_message.Message):
     SPHERE_FIELD_NUMBER: _builtins.int
     RAYCAST_FIELD_NUMBER: _builtins.int
     FRUSTUM_FIELD_NUMBER: _builtins.int
+    NEAREST_FIELD_NUMBER: _builtins.int
+    CAST_BOX_FIELD_NUMBER: _builtins.int
+    CAST_SPHERE_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def aabb(self) -> Global___QueryAabbRequest: ...
     @_builtins.property
@@ -942,6 +945,12 @@ class QueryRequest(_message.Message):
     def raycast(self) -> Global___RaycastRequest: ...
     @_builtins.property
     def frustum(self) -> Global___QueryFrustumRequest: ...
+    @_builtins.property
+    def nearest(self) -> Global___QueryNearestRequest: ...
+    @_builtins.property
+    def cast_box(self) -> Global___CastBoxRequest: ...
+    @_builtins.property
+    def cast_sphere(self) -> Global___CastSphereRequest: ...
     def __init__(
         self,
         *,
@@ -949,12 +958,15 @@ class QueryRequest(_message.Message):
         sphere: Global___QuerySphereRequest | None = ...,
         raycast: Global___RaycastRequest | None = ...,
         frustum: Global___QueryFrustumRequest | None = ...,
+        nearest: Global___QueryNearestRequest | None = ...,
+        cast_box: Global___CastBoxRequest | None = ...,
+        cast_sphere: Global___CastSphereRequest | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["aabb", b"aabb", "frustum", b"frustum", "query", b"query", "raycast", b"raycast", "sphere", b"sphere"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["aabb", b"aabb", "cast_box", b"cast_box", "cast_sphere", b"cast_sphere", "frustum", b"frustum", "nearest", b"nearest", "query", b"query", "raycast", b"raycast", "sphere", b"sphere"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["aabb", b"aabb", "frustum", b"frustum", "query", b"query", "raycast", b"raycast", "sphere", b"sphere"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["aabb", b"aabb", "cast_box", b"cast_box", "cast_sphere", b"cast_sphere", "frustum", b"frustum", "nearest", b"nearest", "query", b"query", "raycast", b"raycast", "sphere", b"sphere"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_query: _TypeAlias = _typing.Literal["aabb", "sphere", "raycast", "frustum"]  # noqa: Y015
+    _WhichOneofReturnType_query: _TypeAlias = _typing.Literal["aabb", "sphere", "raycast", "frustum", "nearest", "cast_box", "cast_sphere"]  # noqa: Y015
     _WhichOneofArgType_query: _TypeAlias = _typing.Literal["query", b"query"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_query) -> _WhichOneofReturnType_query | None: ...
 
@@ -970,6 +982,9 @@ class QueryResponse(_message.Message):
     SPHERE_FIELD_NUMBER: _builtins.int
     RAYCAST_FIELD_NUMBER: _builtins.int
     FRUSTUM_FIELD_NUMBER: _builtins.int
+    NEAREST_FIELD_NUMBER: _builtins.int
+    CAST_BOX_FIELD_NUMBER: _builtins.int
+    CAST_SPHERE_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def aabb(self) -> Global___QueryAabbResponse: ...
     @_builtins.property
@@ -978,6 +993,12 @@ class QueryResponse(_message.Message):
     def raycast(self) -> Global___RaycastResponse: ...
     @_builtins.property
     def frustum(self) -> Global___QueryFrustumResponse: ...
+    @_builtins.property
+    def nearest(self) -> Global___QueryNearestResponse: ...
+    @_builtins.property
+    def cast_box(self) -> Global___CastBoxResponse: ...
+    @_builtins.property
+    def cast_sphere(self) -> Global___CastSphereResponse: ...
     def __init__(
         self,
         *,
@@ -985,12 +1006,15 @@ class QueryResponse(_message.Message):
         sphere: Global___QuerySphereResponse | None = ...,
         raycast: Global___RaycastResponse | None = ...,
         frustum: Global___QueryFrustumResponse | None = ...,
+        nearest: Global___QueryNearestResponse | None = ...,
+        cast_box: Global___CastBoxResponse | None = ...,
+        cast_sphere: Global___CastSphereResponse | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["aabb", b"aabb", "answer", b"answer", "frustum", b"frustum", "raycast", b"raycast", "sphere", b"sphere"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["aabb", b"aabb", "answer", b"answer", "cast_box", b"cast_box", "cast_sphere", b"cast_sphere", "frustum", b"frustum", "nearest", b"nearest", "raycast", b"raycast", "sphere", b"sphere"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["aabb", b"aabb", "answer", b"answer", "frustum", b"frustum", "raycast", b"raycast", "sphere", b"sphere"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["aabb", b"aabb", "answer", b"answer", "cast_box", b"cast_box", "cast_sphere", b"cast_sphere", "frustum", b"frustum", "nearest", b"nearest", "raycast", b"raycast", "sphere", b"sphere"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_answer: _TypeAlias = _typing.Literal["aabb", "sphere", "raycast", "frustum"]  # noqa: Y015
+    _WhichOneofReturnType_answer: _TypeAlias = _typing.Literal["aabb", "sphere", "raycast", "frustum", "nearest", "cast_box", "cast_sphere"]  # noqa: Y015
     _WhichOneofArgType_answer: _TypeAlias = _typing.Literal["answer", b"answer"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_answer) -> _WhichOneofReturnType_answer | None: ...
 
@@ -1298,3 +1322,302 @@ class WatchSensorsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___WatchSensorsResponse: _TypeAlias = WatchSensorsResponse  # noqa: Y015
+
+@_typing.final
+class QueryNearestRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORLD_FIELD_NUMBER: _builtins.int
+    COUNT_FIELD_NUMBER: _builtins.int
+    POINTS_FIELD_NUMBER: _builtins.int
+    K_FIELD_NUMBER: _builtins.int
+    MAX_DISTANCE_FIELD_NUMBER: _builtins.int
+    MASK_FIELD_NUMBER: _builtins.int
+    INCLUDE_SENSORS_FIELD_NUMBER: _builtins.int
+    world: _builtins.str
+    count: _builtins.int
+    """Number of points."""
+    points: _builtins.bytes
+    k: _builtins.int
+    """At most this many proxies per point."""
+    max_distance: _builtins.float
+    """No farther than this (closed); unset means no limit."""
+    mask: _builtins.int
+    include_sensors: _builtins.bool
+    def __init__(
+        self,
+        *,
+        world: _builtins.str = ...,
+        count: _builtins.int = ...,
+        points: _builtins.bytes = ...,
+        k: _builtins.int = ...,
+        max_distance: _builtins.float | None = ...,
+        mask: _builtins.int | None = ...,
+        include_sensors: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_mask", b"_mask", "_max_distance", b"_max_distance", "mask", b"mask", "max_distance", b"max_distance"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_mask", b"_mask", "_max_distance", b"_max_distance", "count", b"count", "include_sensors", b"include_sensors", "k", b"k", "mask", b"mask", "max_distance", b"max_distance", "points", b"points", "world", b"world"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__mask: _TypeAlias = _typing.Literal["mask"]  # noqa: Y015
+    _WhichOneofArgType__mask: _TypeAlias = _typing.Literal["_mask", b"_mask"]  # noqa: Y015
+    _WhichOneofReturnType__max_distance: _TypeAlias = _typing.Literal["max_distance"]  # noqa: Y015
+    _WhichOneofArgType__max_distance: _TypeAlias = _typing.Literal["_max_distance", b"_max_distance"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__mask) -> _WhichOneofReturnType__mask | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_distance) -> _WhichOneofReturnType__max_distance | None: ...
+
+Global___QueryNearestRequest: _TypeAlias = QueryNearestRequest  # noqa: Y015
+
+@_typing.final
+class QueryNearestResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TICK_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    OFFSETS_FIELD_NUMBER: _builtins.int
+    HITS_FIELD_NUMBER: _builtins.int
+    DISTANCES_FIELD_NUMBER: _builtins.int
+    tick: _builtins.int
+    incarnation: _builtins.int
+    offsets: _builtins.bytes
+    hits: _builtins.bytes
+    """By distance, then id."""
+    distances: _builtins.bytes
+    """float32 <f4, the distance of each hit."""
+    def __init__(
+        self,
+        *,
+        tick: _builtins.int = ...,
+        incarnation: _builtins.int = ...,
+        offsets: _builtins.bytes = ...,
+        hits: _builtins.bytes = ...,
+        distances: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["distances", b"distances", "hits", b"hits", "incarnation", b"incarnation", "offsets", b"offsets", "tick", b"tick"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___QueryNearestResponse: _TypeAlias = QueryNearestResponse  # noqa: Y015
+
+@_typing.final
+class CastBoxRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORLD_FIELD_NUMBER: _builtins.int
+    COUNT_FIELD_NUMBER: _builtins.int
+    BOXES_FIELD_NUMBER: _builtins.int
+    DISPLACEMENTS_FIELD_NUMBER: _builtins.int
+    FIRST_HIT_FIELD_NUMBER: _builtins.int
+    MASK_FIELD_NUMBER: _builtins.int
+    INCLUDE_SENSORS_FIELD_NUMBER: _builtins.int
+    world: _builtins.str
+    count: _builtins.int
+    boxes: _builtins.bytes
+    displacements: _builtins.bytes
+    """float32 rows of dims values, one per box."""
+    first_hit: _builtins.bool
+    """At most the first hit per cast (smallest t, then smallest id)."""
+    mask: _builtins.int
+    include_sensors: _builtins.bool
+    def __init__(
+        self,
+        *,
+        world: _builtins.str = ...,
+        count: _builtins.int = ...,
+        boxes: _builtins.bytes = ...,
+        displacements: _builtins.bytes = ...,
+        first_hit: _builtins.bool = ...,
+        mask: _builtins.int | None = ...,
+        include_sensors: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_mask", b"_mask", "mask", b"mask"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_mask", b"_mask", "boxes", b"boxes", "count", b"count", "displacements", b"displacements", "first_hit", b"first_hit", "include_sensors", b"include_sensors", "mask", b"mask", "world", b"world"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__mask: _TypeAlias = _typing.Literal["mask"]  # noqa: Y015
+    _WhichOneofArgType__mask: _TypeAlias = _typing.Literal["_mask", b"_mask"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__mask) -> _WhichOneofReturnType__mask | None: ...
+
+Global___CastBoxRequest: _TypeAlias = CastBoxRequest  # noqa: Y015
+
+@_typing.final
+class CastBoxResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TICK_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    OFFSETS_FIELD_NUMBER: _builtins.int
+    HITS_FIELD_NUMBER: _builtins.int
+    FRACTIONS_FIELD_NUMBER: _builtins.int
+    tick: _builtins.int
+    incarnation: _builtins.int
+    offsets: _builtins.bytes
+    hits: _builtins.bytes
+    """By t, then id."""
+    fractions: _builtins.bytes
+    """float64 <f8: the t of each hit, 0 when touching at the start."""
+    def __init__(
+        self,
+        *,
+        tick: _builtins.int = ...,
+        incarnation: _builtins.int = ...,
+        offsets: _builtins.bytes = ...,
+        hits: _builtins.bytes = ...,
+        fractions: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fractions", b"fractions", "hits", b"hits", "incarnation", b"incarnation", "offsets", b"offsets", "tick", b"tick"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CastBoxResponse: _TypeAlias = CastBoxResponse  # noqa: Y015
+
+@_typing.final
+class CastSphereRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORLD_FIELD_NUMBER: _builtins.int
+    COUNT_FIELD_NUMBER: _builtins.int
+    CENTERS_FIELD_NUMBER: _builtins.int
+    RADII_FIELD_NUMBER: _builtins.int
+    DISPLACEMENTS_FIELD_NUMBER: _builtins.int
+    FIRST_HIT_FIELD_NUMBER: _builtins.int
+    MASK_FIELD_NUMBER: _builtins.int
+    INCLUDE_SENSORS_FIELD_NUMBER: _builtins.int
+    world: _builtins.str
+    count: _builtins.int
+    centers: _builtins.bytes
+    radii: _builtins.bytes
+    displacements: _builtins.bytes
+    first_hit: _builtins.bool
+    mask: _builtins.int
+    include_sensors: _builtins.bool
+    def __init__(
+        self,
+        *,
+        world: _builtins.str = ...,
+        count: _builtins.int = ...,
+        centers: _builtins.bytes = ...,
+        radii: _builtins.bytes = ...,
+        displacements: _builtins.bytes = ...,
+        first_hit: _builtins.bool = ...,
+        mask: _builtins.int | None = ...,
+        include_sensors: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_mask", b"_mask", "mask", b"mask"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_mask", b"_mask", "centers", b"centers", "count", b"count", "displacements", b"displacements", "first_hit", b"first_hit", "include_sensors", b"include_sensors", "mask", b"mask", "radii", b"radii", "world", b"world"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__mask: _TypeAlias = _typing.Literal["mask"]  # noqa: Y015
+    _WhichOneofArgType__mask: _TypeAlias = _typing.Literal["_mask", b"_mask"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__mask) -> _WhichOneofReturnType__mask | None: ...
+
+Global___CastSphereRequest: _TypeAlias = CastSphereRequest  # noqa: Y015
+
+@_typing.final
+class CastSphereResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TICK_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    OFFSETS_FIELD_NUMBER: _builtins.int
+    HITS_FIELD_NUMBER: _builtins.int
+    FRACTIONS_FIELD_NUMBER: _builtins.int
+    tick: _builtins.int
+    incarnation: _builtins.int
+    offsets: _builtins.bytes
+    hits: _builtins.bytes
+    fractions: _builtins.bytes
+    def __init__(
+        self,
+        *,
+        tick: _builtins.int = ...,
+        incarnation: _builtins.int = ...,
+        offsets: _builtins.bytes = ...,
+        hits: _builtins.bytes = ...,
+        fractions: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fractions", b"fractions", "hits", b"hits", "incarnation", b"incarnation", "offsets", b"offsets", "tick", b"tick"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CastSphereResponse: _TypeAlias = CastSphereResponse  # noqa: Y015
+
+@_typing.final
+class OverlapRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORLD_A_FIELD_NUMBER: _builtins.int
+    WORLD_B_FIELD_NUMBER: _builtins.int
+    MASK_A_FIELD_NUMBER: _builtins.int
+    MASK_B_FIELD_NUMBER: _builtins.int
+    INCLUDE_SENSORS_FIELD_NUMBER: _builtins.int
+    world_a: _builtins.str
+    world_b: _builtins.str
+    mask_a: _builtins.int
+    mask_b: _builtins.int
+    include_sensors: _builtins.bool
+    def __init__(
+        self,
+        *,
+        world_a: _builtins.str = ...,
+        world_b: _builtins.str = ...,
+        mask_a: _builtins.int | None = ...,
+        mask_b: _builtins.int | None = ...,
+        include_sensors: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_mask_a", b"_mask_a", "_mask_b", b"_mask_b", "mask_a", b"mask_a", "mask_b", b"mask_b"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_mask_a", b"_mask_a", "_mask_b", b"_mask_b", "include_sensors", b"include_sensors", "mask_a", b"mask_a", "mask_b", b"mask_b", "world_a", b"world_a", "world_b", b"world_b"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__mask_a: _TypeAlias = _typing.Literal["mask_a"]  # noqa: Y015
+    _WhichOneofArgType__mask_a: _TypeAlias = _typing.Literal["_mask_a", b"_mask_a"]  # noqa: Y015
+    _WhichOneofReturnType__mask_b: _TypeAlias = _typing.Literal["mask_b"]  # noqa: Y015
+    _WhichOneofArgType__mask_b: _TypeAlias = _typing.Literal["_mask_b", b"_mask_b"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__mask_a) -> _WhichOneofReturnType__mask_a | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__mask_b) -> _WhichOneofReturnType__mask_b | None: ...
+
+Global___OverlapRequest: _TypeAlias = OverlapRequest  # noqa: Y015
+
+@_typing.final
+class OverlapResponse(_message.Message):
+    """One part of the crossings of two worlds, at the ticks it names."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TICK_A_FIELD_NUMBER: _builtins.int
+    TICK_B_FIELD_NUMBER: _builtins.int
+    INCARNATION_A_FIELD_NUMBER: _builtins.int
+    INCARNATION_B_FIELD_NUMBER: _builtins.int
+    PAIRS_FIELD_NUMBER: _builtins.int
+    tick_a: _builtins.int
+    tick_b: _builtins.int
+    incarnation_a: _builtins.int
+    incarnation_b: _builtins.int
+    pairs: _builtins.bytes
+    """uint64 rows [id in world_a, id in world_b], sorted."""
+    def __init__(
+        self,
+        *,
+        tick_a: _builtins.int = ...,
+        tick_b: _builtins.int = ...,
+        incarnation_a: _builtins.int = ...,
+        incarnation_b: _builtins.int = ...,
+        pairs: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["incarnation_a", b"incarnation_a", "incarnation_b", b"incarnation_b", "pairs", b"pairs", "tick_a", b"tick_a", "tick_b", b"tick_b"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OverlapResponse: _TypeAlias = OverlapResponse  # noqa: Y015

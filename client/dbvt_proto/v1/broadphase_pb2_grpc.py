@@ -90,6 +90,26 @@ class BroadphaseServiceStub:
                 request_serializer=dbvt__proto_dot_v1_dot_broadphase__pb2.QueryFrustumRequest.SerializeToString,
                 response_deserializer=dbvt__proto_dot_v1_dot_broadphase__pb2.QueryFrustumResponse.FromString,
                 _registered_method=True)
+        self.QueryNearest = channel.unary_unary(
+                '/dbvt.v1.BroadphaseService/QueryNearest',
+                request_serializer=dbvt__proto_dot_v1_dot_broadphase__pb2.QueryNearestRequest.SerializeToString,
+                response_deserializer=dbvt__proto_dot_v1_dot_broadphase__pb2.QueryNearestResponse.FromString,
+                _registered_method=True)
+        self.CastBox = channel.unary_unary(
+                '/dbvt.v1.BroadphaseService/CastBox',
+                request_serializer=dbvt__proto_dot_v1_dot_broadphase__pb2.CastBoxRequest.SerializeToString,
+                response_deserializer=dbvt__proto_dot_v1_dot_broadphase__pb2.CastBoxResponse.FromString,
+                _registered_method=True)
+        self.CastSphere = channel.unary_unary(
+                '/dbvt.v1.BroadphaseService/CastSphere',
+                request_serializer=dbvt__proto_dot_v1_dot_broadphase__pb2.CastSphereRequest.SerializeToString,
+                response_deserializer=dbvt__proto_dot_v1_dot_broadphase__pb2.CastSphereResponse.FromString,
+                _registered_method=True)
+        self.Overlap = channel.unary_stream(
+                '/dbvt.v1.BroadphaseService/Overlap',
+                request_serializer=dbvt__proto_dot_v1_dot_broadphase__pb2.OverlapRequest.SerializeToString,
+                response_deserializer=dbvt__proto_dot_v1_dot_broadphase__pb2.OverlapResponse.FromString,
+                _registered_method=True)
         self.Query = channel.stream_stream(
                 '/dbvt.v1.BroadphaseService/Query',
                 request_serializer=dbvt__proto_dot_v1_dot_broadphase__pb2.QueryRequest.SerializeToString,
@@ -202,6 +222,34 @@ class BroadphaseServiceServicer:
 
     def QueryFrustum(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def QueryNearest(self, request, context):
+        """For each point, up to k proxies nearest to it (distance to the tight box, 0 inside).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CastBox(self, request, context):
+        """Boxes and balls moved by t * displacement, t in [0, 1]: what each touches, and first at which t.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CastSphere(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Overlap(self, request, context):
+        """Every pair of a proxy of one world and a proxy of another whose tight boxes overlap, both worlds
+        held still for the call; in one or more parts.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -319,6 +367,26 @@ def add_BroadphaseServiceServicer_to_server(servicer, server):
                     servicer.QueryFrustum,
                     request_deserializer=dbvt__proto_dot_v1_dot_broadphase__pb2.QueryFrustumRequest.FromString,
                     response_serializer=dbvt__proto_dot_v1_dot_broadphase__pb2.QueryFrustumResponse.SerializeToString,
+            ),
+            'QueryNearest': grpc.unary_unary_rpc_method_handler(
+                    servicer.QueryNearest,
+                    request_deserializer=dbvt__proto_dot_v1_dot_broadphase__pb2.QueryNearestRequest.FromString,
+                    response_serializer=dbvt__proto_dot_v1_dot_broadphase__pb2.QueryNearestResponse.SerializeToString,
+            ),
+            'CastBox': grpc.unary_unary_rpc_method_handler(
+                    servicer.CastBox,
+                    request_deserializer=dbvt__proto_dot_v1_dot_broadphase__pb2.CastBoxRequest.FromString,
+                    response_serializer=dbvt__proto_dot_v1_dot_broadphase__pb2.CastBoxResponse.SerializeToString,
+            ),
+            'CastSphere': grpc.unary_unary_rpc_method_handler(
+                    servicer.CastSphere,
+                    request_deserializer=dbvt__proto_dot_v1_dot_broadphase__pb2.CastSphereRequest.FromString,
+                    response_serializer=dbvt__proto_dot_v1_dot_broadphase__pb2.CastSphereResponse.SerializeToString,
+            ),
+            'Overlap': grpc.unary_stream_rpc_method_handler(
+                    servicer.Overlap,
+                    request_deserializer=dbvt__proto_dot_v1_dot_broadphase__pb2.OverlapRequest.FromString,
+                    response_serializer=dbvt__proto_dot_v1_dot_broadphase__pb2.OverlapResponse.SerializeToString,
             ),
             'Query': grpc.stream_stream_rpc_method_handler(
                     servicer.Query,
@@ -654,6 +722,114 @@ class BroadphaseService:
             '/dbvt.v1.BroadphaseService/QueryFrustum',
             dbvt__proto_dot_v1_dot_broadphase__pb2.QueryFrustumRequest.SerializeToString,
             dbvt__proto_dot_v1_dot_broadphase__pb2.QueryFrustumResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def QueryNearest(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dbvt.v1.BroadphaseService/QueryNearest',
+            dbvt__proto_dot_v1_dot_broadphase__pb2.QueryNearestRequest.SerializeToString,
+            dbvt__proto_dot_v1_dot_broadphase__pb2.QueryNearestResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CastBox(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dbvt.v1.BroadphaseService/CastBox',
+            dbvt__proto_dot_v1_dot_broadphase__pb2.CastBoxRequest.SerializeToString,
+            dbvt__proto_dot_v1_dot_broadphase__pb2.CastBoxResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CastSphere(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dbvt.v1.BroadphaseService/CastSphere',
+            dbvt__proto_dot_v1_dot_broadphase__pb2.CastSphereRequest.SerializeToString,
+            dbvt__proto_dot_v1_dot_broadphase__pb2.CastSphereResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Overlap(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/dbvt.v1.BroadphaseService/Overlap',
+            dbvt__proto_dot_v1_dot_broadphase__pb2.OverlapRequest.SerializeToString,
+            dbvt__proto_dot_v1_dot_broadphase__pb2.OverlapResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -76,6 +76,15 @@ class BroadphaseServiceStub:
     QuerySphere: _grpc.UnaryUnaryMultiCallable[_broadphase_pb2.QuerySphereRequest, _broadphase_pb2.QuerySphereResponse]
     Raycast: _grpc.UnaryUnaryMultiCallable[_broadphase_pb2.RaycastRequest, _broadphase_pb2.RaycastResponse]
     QueryFrustum: _grpc.UnaryUnaryMultiCallable[_broadphase_pb2.QueryFrustumRequest, _broadphase_pb2.QueryFrustumResponse]
+    QueryNearest: _grpc.UnaryUnaryMultiCallable[_broadphase_pb2.QueryNearestRequest, _broadphase_pb2.QueryNearestResponse]
+    """For each point, up to k proxies nearest to it (distance to the tight box, 0 inside)."""
+    CastBox: _grpc.UnaryUnaryMultiCallable[_broadphase_pb2.CastBoxRequest, _broadphase_pb2.CastBoxResponse]
+    """Boxes and balls moved by t * displacement, t in [0, 1]: what each touches, and first at which t."""
+    CastSphere: _grpc.UnaryUnaryMultiCallable[_broadphase_pb2.CastSphereRequest, _broadphase_pb2.CastSphereResponse]
+    Overlap: _grpc.UnaryStreamMultiCallable[_broadphase_pb2.OverlapRequest, _broadphase_pb2.OverlapResponse]
+    """Every pair of a proxy of one world and a proxy of another whose tight boxes overlap, both worlds
+    held still for the call; in one or more parts.
+    """
     Query: _grpc.StreamStreamMultiCallable[_broadphase_pb2.QueryRequest, _broadphase_pb2.QueryResponse]
     """A query set of any size, answered at one tick, the answer of any size: the client sends the set
     as one or more parts (consecutive queries of one kind, world and mask) and closes its side; the
@@ -129,6 +138,15 @@ class BroadphaseServiceAsyncStub(BroadphaseServiceStub):
     QuerySphere: _aio.UnaryUnaryMultiCallable[_broadphase_pb2.QuerySphereRequest, _broadphase_pb2.QuerySphereResponse]  # type: ignore[assignment]
     Raycast: _aio.UnaryUnaryMultiCallable[_broadphase_pb2.RaycastRequest, _broadphase_pb2.RaycastResponse]  # type: ignore[assignment]
     QueryFrustum: _aio.UnaryUnaryMultiCallable[_broadphase_pb2.QueryFrustumRequest, _broadphase_pb2.QueryFrustumResponse]  # type: ignore[assignment]
+    QueryNearest: _aio.UnaryUnaryMultiCallable[_broadphase_pb2.QueryNearestRequest, _broadphase_pb2.QueryNearestResponse]  # type: ignore[assignment]
+    """For each point, up to k proxies nearest to it (distance to the tight box, 0 inside)."""
+    CastBox: _aio.UnaryUnaryMultiCallable[_broadphase_pb2.CastBoxRequest, _broadphase_pb2.CastBoxResponse]  # type: ignore[assignment]
+    """Boxes and balls moved by t * displacement, t in [0, 1]: what each touches, and first at which t."""
+    CastSphere: _aio.UnaryUnaryMultiCallable[_broadphase_pb2.CastSphereRequest, _broadphase_pb2.CastSphereResponse]  # type: ignore[assignment]
+    Overlap: _aio.UnaryStreamMultiCallable[_broadphase_pb2.OverlapRequest, _broadphase_pb2.OverlapResponse]  # type: ignore[assignment]
+    """Every pair of a proxy of one world and a proxy of another whose tight boxes overlap, both worlds
+    held still for the call; in one or more parts.
+    """
     Query: _aio.StreamStreamMultiCallable[_broadphase_pb2.QueryRequest, _broadphase_pb2.QueryResponse]  # type: ignore[assignment]
     """A query set of any size, answered at one tick, the answer of any size: the client sends the set
     as one or more parts (consecutive queries of one kind, world and mask) and closes its side; the
@@ -245,6 +263,39 @@ class BroadphaseServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _broadphase_pb2.QueryFrustumRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_broadphase_pb2.QueryFrustumResponse, _abc.Awaitable[_broadphase_pb2.QueryFrustumResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def QueryNearest(
+        self,
+        request: _broadphase_pb2.QueryNearestRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broadphase_pb2.QueryNearestResponse, _abc.Awaitable[_broadphase_pb2.QueryNearestResponse]]:
+        """For each point, up to k proxies nearest to it (distance to the tight box, 0 inside)."""
+
+    @_abc_1.abstractmethod
+    def CastBox(
+        self,
+        request: _broadphase_pb2.CastBoxRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broadphase_pb2.CastBoxResponse, _abc.Awaitable[_broadphase_pb2.CastBoxResponse]]:
+        """Boxes and balls moved by t * displacement, t in [0, 1]: what each touches, and first at which t."""
+
+    @_abc_1.abstractmethod
+    def CastSphere(
+        self,
+        request: _broadphase_pb2.CastSphereRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broadphase_pb2.CastSphereResponse, _abc.Awaitable[_broadphase_pb2.CastSphereResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def Overlap(
+        self,
+        request: _broadphase_pb2.OverlapRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_broadphase_pb2.OverlapResponse], _abc.AsyncIterator[_broadphase_pb2.OverlapResponse]]:
+        """Every pair of a proxy of one world and a proxy of another whose tight boxes overlap, both worlds
+        held still for the call; in one or more parts.
+        """
 
     @_abc_1.abstractmethod
     def Query(
