@@ -62,11 +62,25 @@ class ServerThread:
     def target(self) -> str:
         return f"127.0.0.1:{self.running.port}"
 
+    @property
+    def unix_target(self) -> str:
+        """The server's Unix socket, when it listens on one."""
+        return next(where for where in self.running.addresses if where.startswith("unix:"))
+
     def stop(self) -> None:
         asyncio.run_coroutine_threadsafe(self.running.stop(0), self._loop).result(30)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(30)
         self._loop.close()
+
+
+def async_client(mode: str, server: "ServerThread"):
+    """An AsyncClient of the SDK suites' `mode` (grpc, unix or local) on the `server` fixture."""
+    from dbvt_client import AsyncClient
+
+    if mode == "local":
+        return AsyncClient.local()
+    return AsyncClient(server.target if mode == "grpc" else server.unix_target)
 
 
 def server_command() -> list[str]:

@@ -21,12 +21,12 @@ import re
 import numpy as np
 import pytest
 
-from dbvt_client import (AlreadyExists, AsyncClient, Client, FailedPrecondition, InvalidArgument, PermissionDenied,
+from dbvt_client import (AlreadyExists, Client, FailedPrecondition, InvalidArgument, PermissionDenied,
                          Snapshot, TickMismatch, WorldInfo)
 from dbvt_server import images
 from dbvt_server.journal import read_segment
 from security import TokenFile
-from servers import ServerProcess, ServerThread
+from servers import ServerProcess, ServerThread, async_client
 from worlds import W1World, assert_same_csr, assert_same_pairs
 
 _names = (f"world-{i}" for i in itertools.count())
@@ -208,7 +208,7 @@ def test_a_bad_expected_tick_is_an_invalid_argument(client, bad):
 
 def test_the_async_client_checks_expected_tick(mode, server):
     async def scenario():
-        client = AsyncClient(server.target) if mode == "grpc" else AsyncClient.local()
+        client = async_client(mode, server)
         async with client:
             world = await client.create_world("async-ticks")
             try:
@@ -238,7 +238,7 @@ def test_the_async_client_checks_expected_tick(mode, server):
 
 def test_the_async_client_exports_imports_and_snapshots(mode, server, tmp_path):
     async def scenario():
-        client = AsyncClient(server.target) if mode == "grpc" else AsyncClient.local()
+        client = async_client(mode, server)
         async with client:
             world = await client.create_world("async-source")
             try:

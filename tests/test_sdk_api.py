@@ -13,7 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dbvt.reference import Broadphase as Reference
-from dbvt_client import AsyncClient, BatchResult, Create, InvalidArgument, NotFound
+from dbvt_client import BatchResult, Create, InvalidArgument, NotFound
+from servers import async_client
 from worlds import W1World, assert_same_csr, assert_same_pairs
 
 _names = (f"world-{i}" for i in itertools.count())
@@ -149,7 +150,7 @@ def _ids_of(reference) -> list[int]:
 
 def test_async_client_has_the_same_api(mode, server):
     async def scenario():
-        client = AsyncClient(server.target) if mode == "grpc" else AsyncClient.local()
+        client = async_client(mode, server)
         async with client:
             world = await client.create_world("async-world", dims=3)
             boxes = np.array([[i, 0, 0, i + 1.5, 1, 1] for i in range(10)], np.float32)

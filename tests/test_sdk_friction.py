@@ -10,7 +10,7 @@ import pytest
 
 from dbvt_client import AlreadyExists, AsyncClient, Client, Create, InvalidArgument, NotFound, Unavailable
 from dbvt_proto.v1 import broadphase_pb2 as pb
-from servers import ServerThread
+from servers import ServerThread, async_client
 
 UNIT = np.array([[0, 0, 0, 1, 1, 1]], np.float32)
 
@@ -80,7 +80,7 @@ def test_create_world_names_the_bad_argument(client, arguments, message):
 
 def test_async_create_world_exist_ok(mode, server):
     async def scenario():
-        async with AsyncClient(server.target) if mode == "grpc" else AsyncClient.local() as client:
+        async with async_client(mode, server) as client:
             made = await client.create_world("async-loop", dims=2)
             await made.apply(create=([1], [[0, 0, 1, 1]]))
             again = await client.create_world("async-loop", dims=2, exist_ok=True)

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from dbvt.reference import Broadphase as Reference
-from dbvt_client import AsyncClient, InvalidArgument
+from dbvt_client import InvalidArgument
 from dbvt_proto.v1 import broadphase_pb2 as pb
+from servers import async_client
 from worlds import W1World, assert_same_csr, assert_same_pairs
 
 
@@ -96,7 +97,7 @@ def test_track_pairs_must_be_a_bool(client):
 
 def test_async_client_creates_query_only_worlds(mode, server):
     async def scenario():
-        client = AsyncClient(server.target) if mode == "grpc" else AsyncClient.local()
+        client = async_client(mode, server)
         async with client:
             world = await client.create_world("async-quiet", track_pairs=False)
             boxes = np.array([[i, 0, 0, i + 1.5, 1, 1] for i in range(5)], np.float32)

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from dbvt import reference
-from dbvt_client import AsyncClient, Client, Create, NotFound, ResourceExhausted, SensorSet
-from servers import ServerThread
+from dbvt_client import Client, Create, NotFound, ResourceExhausted, SensorSet
+from servers import ServerThread, async_client
 from worlds import W1World
 
 SENSORS = 40
@@ -210,7 +210,7 @@ def test_deleting_the_world_ends_its_feeds_with_not_found(client):
 
 def test_the_async_client_watches_too(mode, server):
     async def run():
-        async with (AsyncClient(server.target) if mode == "grpc" else AsyncClient.local()) as client:
+        async with async_client(mode, server) as client:
             world = await client.create_world("async-watched")
             await world.apply(create=([1], [[0, 0, 0, 4, 4, 4]]), sensor="box")
             async with await world.watch() as feed:

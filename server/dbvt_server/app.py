@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import socket
+import stat
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -15,7 +17,7 @@ from grpc_reflection.v1alpha import reflection
 
 from dbvt_proto.v1 import broadphase_pb2 as pb
 from dbvt_server.access import Access, TokenInterceptor
-from dbvt_server.config import Config, split_address
+from dbvt_server.config import Config, is_unix, split_address, unix_path
 from dbvt_server.logs import Rejections
 from dbvt_server.metrics import Metrics, MetricsEndpoint
 from dbvt_server.persistence import Store
@@ -40,6 +42,7 @@ class Running:
     """A started server and what must be shut down with it."""
 
     server: grpc.aio.Server
+    # The first TCP port listened on (0 with Unix sockets alone), and every address as bound.
     port: int
     health: health.aio.HealthServicer
     executor: ThreadPoolExecutor
@@ -52,6 +55,7 @@ class Running:
     metrics: Metrics | None = None
     metrics_endpoint: MetricsEndpoint | None = None
     snapshots: asyncio.Task | None = None
+    addresses: tuple[str, ...] = ()
 
     @property
     def service(self) -> Service:
@@ -148,7 +152,9 @@ async def create_server(config: Config) -> Running:
     running = Running(server, 0, health_servicer, executor, rejections, servicer, tls, access,
                       metrics=servicer.metrics)
     try:
-        running.port = _listen(server, config.host, config.port, tls.credentials() if tls else None)
+        running.addresses = tuple(_listen_at(server, where, tls.credentials() if tls else None)
+                                  for where in config.addresses)
+        running.port = next((split_address(where)[1] for where in running.addresses if not is_unix(where)), 0)
         if config.health_port is not None:
             running.health_server = grpc.aio.server(options=SERVER_OPTIONS)
             health_pb2_grpc.add_HealthServicer_to_server(health_servicer, running.health_server)
@@ -223,6 +229,49 @@ def keepalive_options(config: Config) -> list[tuple[str, int]]:
             ("grpc.max_connection_idle_ms", int(config.max_connection_idle_seconds * 1000))]
 
 
+def _listen_at(server: grpc.aio.Server, where: str, credentials: grpc.ServerCredentials | None) -> str:
+    """`where` as bound: a Unix socket's address as given, a TCP address with the port it was given."""
+    if not is_unix(where):
+        host, port = split_address(where)
+        return address(host, _listen(server, host, port, credentials))
+    path = unix_path(where)
+    if _socket_answers(path):
+        # gRPC would unlink the file and take the address from the server answering on it.
+        raise PortUnavailable(f"cannot listen on {where}: another server is listening on that socket")
+    try:
+        bound = server.add_secure_port(where, credentials) if credentials else server.add_insecure_port(where)
+    except RuntimeError:
+        bound = 0
+    if not bound:
+        raise PortUnavailable(f"cannot listen on {where}: {_unix_error(path)}")
+    return where
+
+
+def _socket_answers(path: str) -> bool:
+    """Whether a server answers on the socket file at `path`; a file left by one that is gone is
+    removed."""
+    if not os.path.exists(path) or not stat.S_ISSOCK(os.stat(path).st_mode):
+        return False
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(path)
+        except ConnectionRefusedError:
+            os.unlink(path)
+            return False
+        except OSError:
+            return False
+    return True
+
+
+def _unix_error(path: str) -> str:
+    if os.path.exists(path) and not stat.S_ISSOCK(os.stat(path).st_mode):
+        return "a file that is not a socket is in the way"
+    directory = os.path.dirname(path) or "."
+    if not os.path.isdir(directory):
+        return f"directory {directory} does not exist"
+    return "the socket cannot be created there (permissions, or a path longer than 107 bytes)"
+
+
 def _listen(server: grpc.aio.Server, host: str, port: int, credentials: grpc.ServerCredentials | None) -> int:
     """The port `server` was given on host:port, with TLS when given credentials."""
     where = address(host, port)
@@ -269,11 +318,12 @@ async def serve(config: Config) -> None:
         log.info("metrics on http://%s/metrics (and /healthz, /readyz)",
                  address(split_address(config.metrics_address)[0], running.metrics_endpoint.port))
     log.info("dbvt-server listening on %s (%s, workers=%d, max_message_bytes=%d, max_worlds=%d, "
-             "max_proxies_per_world=%d)", address(config.host, running.port), _security(config), config.workers,
+             "max_proxies_per_world=%d)", ", ".join(running.addresses), _security(config), config.workers,
              config.max_message_bytes, config.max_worlds, config.max_proxies_per_world)
     if config.exposed:
         log.warning("listening on %s, beyond this machine, without %s: anyone who can reach the port may read, "
-                    "change and delete every world (see docs/operations.md, Security)", config.host,
+                    "change and delete every world (see docs/operations.md, Security)",
+                    ", ".join(config.exposed_hosts),
                     " and ".join(what for what, given in (("TLS", config.tls_cert), ("tokens", config.tokens))
                                  if not given))
     await stopping.wait()

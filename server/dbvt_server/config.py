@@ -21,6 +21,8 @@ class Config:
 
     host: str = "127.0.0.1"
     port: int = 50051
+    # Addresses to listen on instead of host:port: "host:port" or "unix:///path/to.sock".
+    listen: tuple[str, ...] = ()
     max_message_bytes: int = 64 * MIB
     max_worlds: int = 64
     max_proxies_per_world: int = 10_000_000
@@ -49,9 +51,20 @@ class Config:
     snapshot_seconds: float = 60.0
 
     @property
+    def addresses(self) -> tuple[str, ...]:
+        """Where the server listens: --listen's addresses, or host:port."""
+        return self.listen or (f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}",)
+
+    @property
+    def exposed_hosts(self) -> list[str]:
+        """The hosts beyond this machine the server listens on (a Unix socket is never one)."""
+        return [found[0] for address in self.addresses if not is_unix(address)
+                and (found := split_address(address)) and not is_loopback(found[0])]
+
+    @property
     def exposed(self) -> bool:
         """Whether the server listens beyond this machine without both TLS and tokens."""
-        return not is_loopback(self.host) and not (self.tls_cert and self.tokens)
+        return bool(self.exposed_hosts) and not (self.tls_cert and self.tokens)
 
 
 def split_address(address: str) -> tuple[str, int] | None:
@@ -60,6 +73,22 @@ def split_address(address: str) -> tuple[str, int] | None:
     if not host or not port.isdigit() or int(port) > 65535:
         return None
     return host.strip("[]"), int(port)
+
+
+def is_unix(address: str) -> bool:
+    return address.startswith("unix:")
+
+
+def unix_path(address: str) -> str:
+    """The file of a unix: address (unix:///abs/path, or unix:path)."""
+    rest = address[len("unix:"):]
+    return rest[2:] if rest.startswith("//") else rest
+
+
+def listen_address(address: str) -> bool:
+    if is_unix(address):
+        return bool(unix_path(address))
+    return split_address(address) is not None
 
 
 def is_loopback(host: str) -> bool:
@@ -81,6 +110,8 @@ class Setting(NamedTuple):
     rule: str = ""
     # The default as --help states it, where Config's depends on the machine.
     stated_default: str | None = None
+    # Given any number of times (the variable: comma-separated); the value is a tuple.
+    many: bool = False
 
 
 def _positive(value) -> bool:
@@ -89,6 +120,10 @@ def _positive(value) -> bool:
 
 SETTINGS = [
     Setting("host", "DBVT_HOST", str, "address to listen on (0.0.0.0 for every interface)"),
+    Setting("listen", "DBVT_LISTEN", str,
+            "listen on exactly this address instead of --host/--port: host:port, or unix:///path/to.sock for a "
+            "Unix socket (a game server's sidecar); repeat it for several", listen_address,
+            "must be host:port or unix:///path", stated_default="none: --host and --port", many=True),
     Setting("port", "DBVT_PORT", int, "TCP port; 0 picks a free one (the start-up log line names it)",
             lambda port: 0 <= port <= 65535, "must be between 0 and 65535"),
     Setting("max_message_bytes", "DBVT_MAX_MESSAGE_BYTES", int,
@@ -180,6 +215,7 @@ def parse(argv: list[str] | None = None, environ=os.environ) -> Config:
     for setting in SETTINGS:
         # Unset flags stay None, so that a refused value can be traced to the flag or the variable.
         parser.add_argument("--" + setting.name.replace("_", "-"), dest=setting.name, type=setting.kind,
+                            action="append" if setting.many else "store",
                             help=f"{setting.help} [env {setting.env}; default "
                                  f"{setting.stated_default or getattr(defaults, setting.name)}]")
     flags = parser.parse_args(argv)
@@ -187,19 +223,21 @@ def parse(argv: list[str] | None = None, environ=os.environ) -> Config:
     for setting in SETTINGS:
         flag = getattr(flags, setting.name)
         if flag is not None:
-            value, source = flag, f"--{setting.name.replace('_', '-')} {flag}"
+            given = flag if setting.many else [flag]
+            sources = [f"--{setting.name.replace('_', '-')} {value}" for value in given]
         elif setting.env in environ:
             raw = environ[setting.env]
             try:
-                value = setting.kind(raw)
+                given = [setting.kind(part.strip()) for part in (raw.split(",") if setting.many else [raw])]
             except ValueError:
                 parser.error(f"environment variable {setting.env}={raw!r} is not a valid {setting.kind.__name__}")
-            source = f"environment variable {setting.env}={raw}"
+            sources = [f"environment variable {setting.env}={raw}"] * len(given)
         else:
             continue
-        if not setting.check(value):
-            parser.error(f"{source}: {setting.name} {setting.rule}")
-        values[setting.name] = value
+        for value, source in zip(given, sources):
+            if not setting.check(value):
+                parser.error(f"{source}: {setting.name} {setting.rule}")
+        values[setting.name] = tuple(given) if setting.many else given[0]
     for setting, needed in NEEDS.items():
         if setting in values and needed not in values:
             parser.error(f"--{setting.replace('_', '-')} needs --{needed.replace('_', '-')} as well")
