@@ -138,15 +138,15 @@ def test_a_watcher_that_stops_reading_gets_a_resync_and_is_right_again():
             world.apply(create=(ids, outside))
             with reader.world("flooded").watch() as feed:
                 messages = [next(feed)]
-                for tick in range(3, 33):
+                for tick in range(3, 63):
                     world.apply(move=(ids, inside if tick % 2 else outside))
-                while messages[-1].tick < 32:
+                while messages[-1].tick < 62:
                     messages.append(next(feed))
     finally:
         server.stop()
     assert any(events.resync for events in messages[1:]), "the overflowing backlog became a resync"
     everything = np.column_stack([np.full(len(ids), 1 << 40, np.uint64), ids])
-    sets = {tick: everything if tick % 2 and tick > 2 else everything[:0] for tick in range(2, 33)}
+    sets = {tick: everything if tick % 2 and tick > 2 else everything[:0] for tick in range(2, 63)}
     assert_folds_to_the_reference(messages, sets)
 
 
