@@ -90,6 +90,12 @@ def caller_name() -> str | None:
     return None if caller is None else caller.name
 
 
+def by_whom() -> str:
+    """" by token 'name'" for a log line, when the call carried a token."""
+    name = caller_name()
+    return "" if name is None else f" by token {name!r}"
+
+
 class TokenInterceptor(grpc.aio.ServerInterceptor):
     """Lets a call reach its handler only with a known token, and sets `CALLER` for the handler."""
 

@@ -4,7 +4,8 @@ Each world has one queue of operations (dbvt_server.world_queue): calls on one w
 time, in the order they arrived. The work itself runs on a thread pool, off the event loop, so
 worlds run in parallel (the core releases the GIL). Errors become statuses through the SDK's one
 error table, and each is logged (dbvt_server.logs). Each method first asks `dbvt_server.access` for
-the right it needs (RIGHTS) on the world it names.
+the right it needs (RIGHTS) on the world it names. The RPCs of world images and of sensors are in
+their own mixins (dbvt_server.image_rpcs, dbvt_server.sensor_rpcs).
 """
 from __future__ import annotations
 
@@ -15,18 +16,20 @@ import weakref
 from concurrent.futures import Executor
 
 import grpc
-from google.protobuf.message import DecodeError
 
 from dbvt_client import parts
 from dbvt_client.errors import DbvtError, DeadlineExceeded, InvalidArgument, ResourceExhausted, quoted
 from dbvt_proto.v1 import broadphase_pb2 as pb
 from dbvt_proto.v1 import broadphase_pb2_grpc as pb_grpc
 from dbvt_server import access, handlers
+from dbvt_server.access import by_whom
+from dbvt_server.decoding import bytes_or, decoded, tolerant
+from dbvt_server.image_rpcs import ImageRpcs
 from dbvt_server.logs import Rejections, shown
 from dbvt_server.memory import give_back
+from dbvt_server.sensor_rpcs import SensorRpcs
 from dbvt_server.service import Service
 from dbvt_server.staging import STAGED_BYTES_PER_PROXY, BatchStaging, Hold, stream_error, unfinished_error
-from dbvt_server.watch import Watcher, heartbeat, watched_sensors
 from dbvt_server.world_queue import WorldQueue
 from dbvt_server.worlds import WORLD_RPCS, World, overlap
 
@@ -57,7 +60,7 @@ def _timed(function):
     return timed
 
 
-class BroadphaseServicer(pb_grpc.BroadphaseServiceServicer):
+class BroadphaseServicer(ImageRpcs, SensorRpcs, pb_grpc.BroadphaseServiceServicer):
     def __init__(self, service: Service, executor: Executor, rejections: Rejections):
         self.service = service
         # Batch streams open now (on the event loop's thread only).
@@ -112,7 +115,7 @@ class BroadphaseServicer(pb_grpc.BroadphaseServiceServicer):
 
     async def _world_rpc(self, method: str, request, context):
         try:
-            _decoded(request)
+            decoded(request)
             access.require(RIGHTS[method], request.world)
             return await self._start(self.service.world(request.world), self._world_functions[method], request,
                                      _deadline(context))
@@ -138,7 +141,7 @@ class BroadphaseServicer(pb_grpc.BroadphaseServiceServicer):
 
     async def _registry_rpc(self, method: str, function, request, context):
         try:
-            _decoded(request)
+            decoded(request)
             return function(request)
         except Exception as exc:
             await self._abort(context, method, request, exc)
@@ -163,7 +166,7 @@ class BroadphaseServicer(pb_grpc.BroadphaseServiceServicer):
         if response.created:
             world = response.world
             log.info("created world %s (dims=%d, margin=%g, track_pairs=%s, max_proxies=%d)%s", shown(world.name),
-                     world.dims, world.margin, world.track_pairs, world.max_proxies, _by_whom())
+                     world.dims, world.margin, world.track_pairs, world.max_proxies, by_whom())
         return response
 
     async def DeleteWorld(self, request, context):
@@ -176,7 +179,7 @@ class BroadphaseServicer(pb_grpc.BroadphaseServiceServicer):
         # Operations already queued on the world still run: its memory is given back once they are done
         # and the world is gone.
         weakref.finalize(world, self._give_back_memory, asyncio.get_running_loop()).atexit = False
-        log.info("deleted world %s (%d proxies)%s", shown(world.name), len(world.broadphase), _by_whom())
+        log.info("deleted world %s (%d proxies)%s", shown(world.name), len(world.broadphase), by_whom())
         return response
 
     def _give_back_memory(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -224,65 +227,6 @@ class BroadphaseServicer(pb_grpc.BroadphaseServiceServicer):
         async for part in self._answer_in_parts("GetPairs", request, context):
             yield part
 
-    def _snapshot(self, world: World, request: pb.SnapshotWorldRequest):
-        """On the world's thread: its image taken; its incarnation and the future of the file being written."""
-        return world.incarnation, self.service.snapshot_files(world).snapshot(world)
-
-    async def SnapshotWorld(self, request, context):
-        incarnation, written = await self._world_rpc("SnapshotWorld", request, context)
-        try:
-            tick, size = await asyncio.wrap_future(written)
-        except Exception as exc:
-            await self._abort(context, "SnapshotWorld", request, exc)
-        return pb.SnapshotWorldResponse(tick=tick, incarnation=incarnation, snapshot_bytes=size)
-
-    def snapshot_changed_worlds(self) -> None:
-        """Every persistent world changed since its last snapshot gets one (--snapshot-seconds); a busy
-        world waits for the next round."""
-        for world in self.service.worlds():
-            if world.files is not None and not world.files.current(world):
-                try:
-                    started = self._start(world, _snapshot_if_kept, None)
-                except ResourceExhausted:
-                    continue
-                started.add_done_callback(_log_snapshot_failure)
-
-    async def ExportWorld(self, request, context):
-        """The world's image at one tick, in parts."""
-        async for part in self._answer_in_parts("ExportWorld", request, context):
-            yield part
-
-    async def ImportWorld(self, request_iterator, context):
-        """A world from the image its parts carry: held within the staging budget, decoded and checked
-        on a worker thread, and registered only when whole and valid."""
-        hold, name, reserved = self.service.staged.hold(), None, False
-        try:
-            pieces, ephemeral = [], False
-            async for request in request_iterator:
-                _decoded(request)
-                if name is None:
-                    name, ephemeral = request.name, request.ephemeral
-                    access.require("admin", name)
-                    self.service.import_reserve(name)
-                    reserved = True
-                hold.take(len(request.data), f"part {len(pieces)} of world image {quoted(name)}")
-                pieces.append(request.data)
-            if name is None:
-                raise InvalidArgument("the import sent no parts")
-            world = await asyncio.get_running_loop().run_in_executor(
-                self._executor, self.service.import_build, name, ephemeral, b"".join(pieces))
-            self.service.import_finish(name, world)
-            reserved = False
-            log.info("imported world %s at tick %d (incarnation %d, %d proxies)%s", shown(name), world.tick,
-                     world.incarnation, len(world.broadphase), _by_whom())
-            return pb.ImportWorldResponse(world=world.info())
-        except Exception as exc:
-            await self._abort(context, "ImportWorld", pb.ImportWorldRequest(name=name or ""), exc)
-        finally:
-            if reserved:
-                self.service.import_finish(name, None)
-            hold.release()
-
     async def QueryNearest(self, request, context):
         return await self._query_rpc("QueryNearest", request, context)
 
@@ -296,7 +240,7 @@ class BroadphaseServicer(pb_grpc.BroadphaseServiceServicer):
         """Both worlds held still (held in the order of their names, so that two opposite calls cannot
         wait for each other), the crossings found on a worker thread, the answer sent in parts."""
         try:
-            _decoded(request)
+            decoded(request)
             for name in (request.world_a, request.world_b):
                 access.require(RIGHTS["Overlap"], name)
             a, b = self.service.world(request.world_a), self.service.world(request.world_b)
@@ -322,53 +266,6 @@ class BroadphaseServicer(pb_grpc.BroadphaseServiceServicer):
                 if not hold.cancel():
                     self._queue(world).release()
 
-    async def GetSensorPairs(self, request, context):
-        async for part in self._answer_in_parts("GetSensorPairs", request, context):
-            yield part
-
-    async def WatchSensors(self, request, context):
-        """A world's sensor events, as its feed hands them to this watcher, each tick's message encoded
-        once for all the watchers that share it; a heartbeat after each second without a message."""
-        try:
-            _decoded(request)
-            access.require(RIGHTS["WatchSensors"], request.world)
-            world = self.service.world(request.world)
-            loop, ready = asyncio.get_running_loop(), asyncio.Event()
-            from_tick = request.from_tick if request.HasField("from_tick") else None
-            watcher = world.feed.watch(watched_sensors(request.sensors), from_tick,
-                                       lambda: loop.call_soon_threadsafe(ready.set))
-        except Exception as exc:
-            await self._abort(context, "WatchSensors", request, exc)
-        try:
-            while True:
-                if watcher.needs_resync:
-                    await self._resync(world, watcher)
-                ready.clear()
-                items, tick, closed = watcher.take()
-                for events in items:
-                    for part in _watch_parts(events, self._max_message_bytes):
-                        yield part
-                if closed is not None and not items:
-                    await self._abort(context, "WatchSensors", request, closed)
-                if items or watcher.needs_resync:
-                    continue
-                try:
-                    await asyncio.wait_for(ready.wait(), WATCH_HEARTBEAT_SECONDS)
-                except asyncio.TimeoutError:
-                    yield heartbeat(tick, world.incarnation).SerializeToString()
-        finally:
-            world.feed.unwatch(watcher)
-
-    async def _resync(self, world: World, watcher: Watcher) -> None:
-        """The world's whole sensor set put in the watcher's queue, on the world's thread; a busy
-        world is asked again shortly."""
-        while watcher.needs_resync and watcher.closed is None:
-            try:
-                await self._start(world, _resync_on_world, watcher)
-                return
-            except ResourceExhausted:
-                await asyncio.sleep(RESYNC_RETRY_SECONDS)
-
     async def Query(self, request_iterator, context):
         """The parts of a query set, joined, answered at one tick as one operation on the world, in parts."""
         # The set's bytes count against the staging budget until the call ends, however it ends.
@@ -389,7 +286,7 @@ class BroadphaseServicer(pb_grpc.BroadphaseServiceServicer):
         kind, pieces = None, []
         limit = STAGED_BYTES_PER_PROXY * self.service.limits.max_proxies_per_world
         async for request in request_iterator:
-            _decoded(request)
+            decoded(request)
             part_kind = request.WhichOneof("query")
             if part_kind is None or (kind is not None and part_kind != kind):
                 raise InvalidArgument(f"part {len(pieces)} of the query set holds {part_kind or 'no query'}, "
@@ -443,7 +340,7 @@ class BroadphaseServicer(pb_grpc.BroadphaseServiceServicer):
         staging = BatchStaging(self.service.limits.max_proxies_per_world, self.service.staged)
         try:
             async for request in request_iterator:
-                _decoded(request)
+                decoded(request)
                 try:
                     batch = staging.add(request)
                 except Exception as exc:
@@ -489,44 +386,6 @@ def _unless_late(function, deadline: float):
     return unless_late
 
 
-def _resync_on_world(world: World, watcher: Watcher) -> None:
-    world.feed.resync(watcher, world.broadphase.sensor_pairs())
-
-
-def _watch_parts(events, max_bytes: int):
-    """A tick's message, serialized once for every watcher, or its parts when it does not fit (a big
-    resync)."""
-    serialized = events.serialized()
-    if len(serialized) <= max_bytes:
-        yield serialized
-        return
-    pieces = list(parts.cut(events.message(), max_bytes - parts.PART_OVERHEAD))
-    for number, piece in enumerate(pieces, 1):
-        piece.more_parts = number < len(pieces)
-        yield piece
-
-
-# A watcher that has had no message for this long gets a heartbeat with the world's tick.
-WATCH_HEARTBEAT_SECONDS = 1.0
-RESYNC_RETRY_SECONDS = 0.05
-
-
-def _snapshot_if_kept(world: World, request) -> None:
-    # The world may have been deleted while this waited for its turn.
-    if world.files is not None:
-        world.files.snapshot(world)
-
-
-def _log_snapshot_failure(done: asyncio.Future) -> None:
-    if not done.cancelled() and done.exception() is not None:
-        log.error("a periodic snapshot failed: %s", done.exception())
-
-
-def _by_whom() -> str:
-    name = access.caller_name()
-    return "" if name is None else f" by token {name!r}"
-
-
 # Batches of one stream started before the oldest of them has been answered.
 STREAM_READ_AHEAD = 4
 
@@ -554,47 +413,15 @@ async def _settle(reader: asyncio.Task, answers: asyncio.Queue) -> None:
     await asyncio.gather(*pending, return_exceptions=True)
 
 
-class Undecodable:
-    """What reaches the servicer for bytes that are not the method's request message. A deserializer
-    that raised would instead make gRPC log a traceback and answer UNKNOWN."""
-
-    def __init__(self, message_class):
-        self.error = InvalidArgument(f"the request is not a valid {message_class.DESCRIPTOR.full_name} message")
-
-
-def _decoded(request) -> None:
-    if isinstance(request, Undecodable):
-        raise request.error
-
-
-def _tolerant(message_class):
-    def deserialize(data: bytes):
-        try:
-            return message_class.FromString(data)
-        except DecodeError:
-            return Undecodable(message_class)
-
-    return deserialize
-
-
-def _bytes_or(serialize):
-    """A serializer that also passes on messages already serialized (a tick shared by watchers)."""
-
-    def serialized(message) -> bytes:
-        return message if isinstance(message, bytes) else serialize(message)
-
-    return serialized
-
-
 def add_to_server(servicer: BroadphaseServicer, server: grpc.aio.Server) -> None:
     """What the generated add_BroadphaseServiceServicer_to_server does, with requests decoded by
-    `_tolerant` deserializers."""
+    `tolerant` deserializers (dbvt_server.decoding)."""
     service = pb.DESCRIPTOR.services_by_name["BroadphaseService"]
     method_handlers = {
         method.name: handlers.HANDLER_MAKERS[method.client_streaming, method.server_streaming](
             getattr(servicer, method.name),
-            request_deserializer=_tolerant(getattr(pb, method.input_type.name)),
-            response_serializer=_bytes_or(getattr(pb, method.output_type.name).SerializeToString))
+            request_deserializer=tolerant(getattr(pb, method.input_type.name)),
+            response_serializer=bytes_or(getattr(pb, method.output_type.name).SerializeToString))
         for method in service.methods
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, method_handlers),))
