@@ -7,6 +7,7 @@
     dbvt-bench wire [DIR] [--target HOST:PORT] [--repeats R] ... the service over the wire
     dbvt-bench secured [DIR] [--repeats R] ...                 TLS and a token against plaintext
     dbvt-bench metrics [DIR] [--repeats R] ...                 metrics on against off
+    dbvt-bench socket [DIR] [--repeats R] ...                  a Unix socket against loopback TCP
     dbvt-bench persist [DIR] [--repeats R] [--journaled J] ... a data directory's cost, restarts, snapshots
     dbvt-bench sensors [DIR] [--sensors S] [--radius R] ...    moving sensors, watcher latency, many watchers
 
@@ -28,6 +29,7 @@ COMMANDS = {
     "wire": (wire, "W1 streamed through a dbvt-server, beside the in-process core"),
     "secured": (paired, "W1's streamed step and box queries with TLS and a token, against plaintext"),
     "metrics": (paired, "W1's streamed step and box queries with metrics on, against off"),
+    "socket": (paired, "W1's streamed step and box queries over a Unix socket, against loopback TCP"),
     "persist": (persist, "W1's streamed step with a data directory, restart time, snapshot time and size"),
     "sensors": (sensors, "W1 with moving sphere sensors: the step, a watcher's latency, 8 watchers against 1"),
 }

@@ -3,6 +3,8 @@ with it, timed on the same W1 in the same run.
 
 `dbvt-bench secured`: plaintext without tokens against TLS (a throwaway CA and certificate, made
 with trustme) and a token file. `dbvt-bench metrics`: without against with --metrics-address.
+`dbvt-bench socket`: one server listening on loopback TCP and on a Unix socket (--listen), a client
+on each: what a sidecar's game server gains by the socket.
 
 Each run takes W1 through both servers, in turn (alternately first), each time on a new world: its
 steps streamed tick by tick (the median step), then one call of all W1's box queries (the median of
@@ -26,7 +28,8 @@ from dbvt_server.bench.workload import Workload
 from dbvt_server.tokens import new_token
 
 # What each command compares: its two sides' names, and the target of the ratio (with / without).
-COMPARED = {"secured": (("plaintext", "TLS+token"), 1.10), "metrics": (("metrics off", "metrics on"), 1.03)}
+COMPARED = {"secured": (("plaintext", "TLS+token"), 1.10), "metrics": (("metrics off", "metrics on"), 1.03),
+            "socket": (("loopback TCP", "Unix socket"), None)}
 
 
 def secured_flags(folder: pathlib.Path) -> tuple[list[str], bytes, str]:
@@ -73,8 +76,9 @@ def report(work: Workload, runs: dict[str, list[dict]], target: float) -> list[s
                        (f"{len(work.q_aabb) // 1000}k box queries in one call, ms", "query")):
         base, other = ([run[key] for run in runs[side]] for side in runs)
         ratios = [o / b for o, b in zip(other, base)]
+        stated = "-" if target is None else f"<= {target:.2f}"
         lines.append(f"{label:34}{statistics.median(base) * 1e3:12.2f}{statistics.median(other) * 1e3:12.2f}"
-                     f"{statistics.median(ratios):8.2f}{f'{min(ratios):.2f}-{max(ratios):.2f}':>14}  <= {target:.2f}")
+                     f"{statistics.median(ratios):8.2f}{f'{min(ratios):.2f}-{max(ratios):.2f}':>14}  {stated}")
     return lines
 
 
@@ -92,10 +96,17 @@ def run(args, facts: dict) -> int:
     work = workload.w1_for(args, args.command)
     names, target = COMPARED[args.command]
     with tempfile.TemporaryDirectory(prefix="dbvt-bench-paired-") as folder:
-        setting, client_settings = _setting(args.command, pathlib.Path(folder))
-        servers = {names[0]: start_server(), names[1]: start_server(*setting)}
+        if args.command == "socket":
+            socket_path = f"unix://{folder}/dbvt.sock"
+            one = start_server("--listen", "127.0.0.1:0", "--listen", socket_path)
+            servers = {names[0]: one}
+            targets = {names[0]: (one[1], {}), names[1]: (socket_path, {})}
+        else:
+            setting, client_settings = _setting(args.command, pathlib.Path(folder))
+            servers = {names[0]: start_server(), names[1]: start_server(*setting)}
+            targets = {names[0]: (servers[names[0]][1], {}), names[1]: (servers[names[1]][1], client_settings)}
         try:
-            clients = {names[0]: Client(servers[names[0]][1]), names[1]: Client(servers[names[1]][1], **client_settings)}
+            clients = {name: Client(target, **settings) for name, (target, settings) in targets.items()}
             runs: dict[str, list[dict]] = {name: [] for name in names}
             for attempt in range(args.repeats):
                 for name in names[::1 if attempt % 2 == 0 else -1]:
