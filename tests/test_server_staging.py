@@ -85,6 +85,6 @@ def test_a_half_closed_stream_answers_its_unfinished_batch(server):
 def test_in_process_streams_answer_an_unfinished_batch_alike():
     local = LocalTransport(max_worlds=1, max_proxies_per_world=1000)
     local.unary("CreateWorld", pb.CreateWorldRequest(name="staged"))
-    [reply] = list(local.stream(iter([first_part(7, 100)])))
+    [reply] = list(local.stream(iter([first_part(7, 100)]), "staged"))
     assert reply.sequence == 7 and "the stream ended before the last part of batch 7" in reply.status_message
     assert local.service.staged.value == 0

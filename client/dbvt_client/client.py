@@ -10,7 +10,7 @@ from concurrent.futures import Future
 
 import numpy as np
 
-from dbvt_client import batches, parts, queries, transfer, watching
+from dbvt_client import batches, parts, queries, routing, transfer, watching
 from dbvt_client.errors import DbvtError, InvalidArgument, Unavailable, from_exception
 from dbvt_client.results import BatchResult, Crossings, Hits, NearestHits, RayHits, Snapshot, WorldInfo
 from dbvt_client.transport import Connection, GrpcTransport, local_transport
@@ -73,10 +73,17 @@ class Client:
     token: sent with every call, for a server started with --tokens (see `dbvt-server new-token`).
     tls: True (trust the system's CAs), a CA bundle's path or PEM bytes, or `TLS(ca=, cert=, key=)`
     for mutual TLS. Without tls a token is sent only to a loopback address or a Unix socket.
+
+    A list of targets spreads worlds over those servers: each world lives on the one its name hashes
+    to (rendezvous hashing, `dbvt_client.routing`), every call on a world goes to it, and
+    `list_worlds()` merges them all.
     """
 
-    def __init__(self, target: str, *, timeout: float | None = None, token: str | None = None, tls=None,
+    def __init__(self, target: str | list[str], *, timeout: float | None = None, token: str | None = None, tls=None,
                  _transport=None):
+        if _transport is None and isinstance(target, (list, tuple)):
+            _transport = routing.RoutedTransport(
+                list(target), lambda one: GrpcTransport(Connection(one, timeout, token, tls)))
         self._transport = _transport or GrpcTransport(Connection(target, timeout, token, tls))
         self._max_message_bytes: int | None = None
 
@@ -282,7 +289,7 @@ class BatchStream:
         # Set, under the lock, once the stream has ended: later submits fail at once with it.
         self._failure: DbvtError | None = None
         self._lock = threading.Lock()
-        responses = world._client._transport.stream(iter(self._requests.get, _END))
+        responses = world._client._transport.stream(iter(self._requests.get, _END), world.name)
         self._reader = threading.Thread(target=self._read, args=(responses,), daemon=True)
         self._reader.start()
 

@@ -130,7 +130,8 @@ class GrpcTransport:
         call = self._stub.WatchSensors(request, metadata=self._metadata)
         return call, call.cancel
 
-    def stream(self, requests: Iterable[pb.StreamBatchesRequest]) -> Iterator[pb.StreamBatchesResponse]:
+    def stream(self, requests: Iterable[pb.StreamBatchesRequest], world: str) -> Iterator[pb.StreamBatchesResponse]:
+        """A batch stream of `world` (a routed client picks the server by it)."""
         try:
             yield from self._stub.StreamBatches(iter(requests), metadata=self._metadata)
         except grpc.RpcError as error:

@@ -88,7 +88,7 @@ class LocalTransport:
 
         return feed(), stop
 
-    def stream(self, requests: Iterable[pb.StreamBatchesRequest]) -> Iterator[pb.StreamBatchesResponse]:
+    def stream(self, requests: Iterable[pb.StreamBatchesRequest], world: str) -> Iterator[pb.StreamBatchesResponse]:
         staging = self.staging()
         try:
             for request in requests:

@@ -1,0 +1,72 @@
+"""Worlds spread over several servers: each world lives on one of them, found by rendezvous hashing.
+
+`Client(["host-0:50051", "host-1:50051", ...])` gives every world one owner among the targets: the
+target with the highest hash of (target, world name). Every per-world call goes straight to its
+owner; `list_worlds()` merges every server's list. Adding or removing a target moves only the worlds
+whose highest hash was on it (what `rendezvous` hashing is for), so few worlds change owner.
+"""
+from __future__ import annotations
+
+import hashlib
+
+from dbvt_client.errors import InvalidArgument
+from dbvt_proto.v1 import broadphase_pb2 as pb
+
+def owner(name: str, targets: list[str]) -> str:
+    """The target that owns world `name`: the highest 64-bit BLAKE2b hash of target and name."""
+    def score(target: str) -> tuple[int, str]:
+        digest = hashlib.blake2b(f"{target}\0{name}".encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "big"), target
+
+    return max(targets, key=score)
+
+
+def world_of(request) -> str:
+    """The world a request is about."""
+    for field in ("world", "name", "world_a"):
+        if hasattr(request, field):
+            return getattr(request, field)
+    raise InvalidArgument(f"{type(request).__name__} names no world to route by")
+
+
+class RoutedTransport:
+    """A transport per target, each call on the one that owns its world."""
+
+    def __init__(self, targets: list[str], make_transport):
+        if not targets or len(set(targets)) != len(targets):
+            raise ValueError(f"a routed client needs distinct targets, not {targets!r}")
+        self.targets = list(targets)
+        self._transports = {target: make_transport(target) for target in self.targets}
+
+    def _for(self, name: str):
+        return self._transports[owner(name, self.targets)]
+
+    def unary(self, method: str, request):
+        if method == "ListWorlds":
+            worlds = [info for transport in self._transports.values()
+                      for info in transport.unary(method, request).worlds]
+            return pb.ListWorldsResponse(worlds=sorted(worlds, key=lambda info: info.name))
+        if method == "GetServerInfo":
+            return self._transports[self.targets[0]].unary(method, request)
+        if method == "Overlap" and owner(request.world_a, self.targets) != owner(request.world_b, self.targets):
+            raise InvalidArgument(f"worlds {request.world_a!r} and {request.world_b!r} live on different servers: "
+                                  "an overlap needs both on one")
+        return self._for(world_of(request)).unary(method, request)
+
+    def query(self, method: str, requests: list):
+        if method == "Overlap":
+            return self.unary(method, requests[0])
+        return self._for(world_of(requests[0])).query(method, requests)
+
+    def upload(self, method: str, requests: list):
+        return self._for(world_of(requests[0])).upload(method, requests)
+
+    def stream(self, requests, world: str):
+        return self._for(world).stream(requests, world)
+
+    def watch(self, request):
+        return self._for(world_of(request)).watch(request)
+
+    def close(self) -> None:
+        for transport in self._transports.values():
+            transport.close()
