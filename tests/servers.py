@@ -37,7 +37,7 @@ class ServerThread:
     """The server's event loop in a background thread, so the test's own thread can use `Client`."""
 
     def __init__(self, **settings):
-        self.config = Config(host="127.0.0.1", port=0, **settings)
+        self.config = Config(**{"host": "127.0.0.1", "port": 0, **settings})
         self._loop = asyncio.new_event_loop()
         self._started = threading.Event()
         self._error: BaseException | None = None

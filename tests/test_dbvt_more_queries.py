@@ -459,7 +459,9 @@ def test_reference_ball_casts_match_the_rounded_box_solved_feature_by_feature(da
             if (exact is None) != (id_ not in got[row]):
                 wider = decimal_ball_cast(centers[row], float(radii[row]) + scale, moves[row], box, dims)
                 narrower = decimal_ball_cast(centers[row], max(float(radii[row]) - scale, 0.0), moves[row], box, dims)
-                assert wider is not None and narrower is None, (row, id_, exact, got[row].get(id_))
+                # A radius within the tolerance of 0 cannot be narrowed: a graze is all the wider ball shows.
+                assert wider is not None and (narrower is None or float(radii[row]) <= scale), (
+                    row, id_, exact, got[row].get(id_))
             elif exact is not None:
                 assert abs(got[row][id_] - float(exact)) <= 1e-7, (row, id_, float(exact), got[row][id_])
 

@@ -1,13 +1,21 @@
 """A client of several servers: every world lives on the one server its name hashes to (rendezvous
 hashing), every call on it goes there and answers as a single server would, `list_worlds()` merges
-them, and a server added moves only the worlds whose owner it becomes."""
+them, and a server added moves only the worlds whose owner it becomes. Servers that know their
+replica set (--peers, --advertise) redirect a call for a world they neither hold nor own, and a
+client that knows only one of them follows to each owner."""
 from __future__ import annotations
 
+import socket
+
+import grpc
 import numpy as np
 import pytest
 
 from dbvt_client import Client, InvalidArgument
 from dbvt_client.routing import owner
+from dbvt_proto.v1 import broadphase_pb2 as pb
+from dbvt_proto.v1 import broadphase_pb2_grpc as pb_grpc
+from dbvt_server.config import parse
 from servers import ServerThread
 from worlds import W1World
 
@@ -77,3 +85,61 @@ def test_an_overlap_of_worlds_on_two_servers_is_refused_by_name(three):
             routed.overlap(first, second)
         routed.delete_world(first)
         routed.delete_world(second)
+
+
+def free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    for probe in sockets:
+        probe.bind(("127.0.0.1", 0))
+    ports = [probe.getsockname()[1] for probe in sockets]
+    for probe in sockets:
+        probe.close()
+    return ports
+
+
+@pytest.fixture(scope="module")
+def replica_set():
+    """Three servers that know each other (--peers, --advertise)."""
+    targets = [f"127.0.0.1:{port}" for port in free_ports(3)]
+    servers = [ServerThread(port=int(target.rpartition(":")[2]), peers=tuple(targets), advertise=target)
+               for target in targets]
+    yield targets
+    for server in servers:
+        server.stop()
+
+
+def test_a_client_that_knows_one_server_is_redirected_to_each_owner(replica_set):
+    names = [f"lobby-{i}" for i in range(30)]
+    with Client(replica_set[0]) as one:
+        for name in names:
+            world = one.create_world(name, dims=2)
+            assert world.apply(create=([1], [[0, 0, 1, 1]])).tick == 1
+            assert world.info().tick == 1 and len(world.query_aabb([[0, 0, 2, 2]]).hits) == 1
+    for target in replica_set:
+        with Client(target) as direct:
+            held = [name for name in direct.list_worlds() if name.startswith("lobby-")]
+        assert held == sorted(name for name in names if owner(name, replica_set) == target)
+    with Client(replica_set) as routed:
+        assert [name for name in routed.list_worlds() if name.startswith("lobby-")] == sorted(names)
+        for name in names:
+            routed.delete_world(name)
+
+
+def test_a_server_names_the_owner_of_a_world_it_neither_holds_nor_owns(replica_set):
+    name = next(f"elsewhere-{i}" for i in range(100) if owner(f"elsewhere-{i}", replica_set) != replica_set[0])
+    request = pb.GetWorldStatsRequest(world=name)
+    with grpc.insecure_channel(replica_set[0]) as channel:
+        with pytest.raises(grpc.RpcError) as refused:
+            pb_grpc.BroadphaseServiceStub(channel).GetWorldStats(request, timeout=10)
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert dict(refused.value.trailing_metadata())["dbvt-owner"] == owner(name, replica_set)
+    assert f"belongs to {owner(name, replica_set)}" in refused.value.details()
+
+
+def test_peers_and_advertise_go_together(capsys):
+    for argv, complaint in ((["--peers", "a:1,b:2"], "--peers needs --advertise"),
+                            (["--peers", "a:1", "--advertise", "c:3"], "--advertise c:3 must be one of --peers a:1")):
+        with pytest.raises(SystemExit):
+            parse(argv)
+        assert complaint in capsys.readouterr().err
+    assert parse([], {"DBVT_PEERS": "a:1, b:2", "DBVT_ADVERTISE": "b:2"}).peers == ("a:1", "b:2")

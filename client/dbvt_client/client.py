@@ -81,10 +81,13 @@ class Client:
 
     def __init__(self, target: str | list[str], *, timeout: float | None = None, token: str | None = None, tls=None,
                  _transport=None):
-        if _transport is None and isinstance(target, (list, tuple)):
-            _transport = routing.RoutedTransport(
-                list(target), lambda one: GrpcTransport(Connection(one, timeout, token, tls)))
-        self._transport = _transport or GrpcTransport(Connection(target, timeout, token, tls))
+        def connect(one: str) -> GrpcTransport:
+            return GrpcTransport(Connection(one, timeout, token, tls))
+
+        if _transport is None:
+            _transport = (routing.RoutedTransport(list(target), connect) if isinstance(target, (list, tuple))
+                          else routing.FollowingTransport(target, connect))
+        self._transport = _transport
         self._max_message_bytes: int | None = None
 
     @classmethod

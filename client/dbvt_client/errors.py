@@ -66,6 +66,22 @@ class TickMismatch(FailedPrecondition):
         return cls(message, int(found[TICK_KEY]), int(found[INCARNATION_KEY]))
 
 
+class WrongServer(FailedPrecondition):
+    """The server does not hold the world and is not its owner among its peers; `owner` is the
+    `host:port` of the one that is (trailing metadata dbvt-owner). The SDK follows it once."""
+
+    def __init__(self, message: str, owner: str):
+        super().__init__(message)
+        self.owner = owner
+
+    @property
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        return ((OWNER_KEY, self.owner),)
+
+
+OWNER_KEY = "dbvt-owner"
+
+
 # Trailing metadata of a TickMismatch: the world's tick and incarnation.
 TICK_KEY = "dbvt-tick"
 INCARNATION_KEY = "dbvt-incarnation"
@@ -130,6 +146,9 @@ def from_rpc_error(error: grpc.RpcError) -> DbvtError:
         mismatch = TickMismatch.from_metadata(error.details() or "", error.trailing_metadata())
         if mismatch is not None:
             return mismatch
+        owner = dict(error.trailing_metadata() or ()).get(OWNER_KEY)
+        if owner:
+            return WrongServer(error.details() or "", owner)
     return from_status(error.code(), error.details() or "")
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 
-from dbvt_client.errors import InvalidArgument
+from dbvt_client.errors import InvalidArgument, WrongServer
 from dbvt_proto.v1 import broadphase_pb2 as pb
 
 def owner(name: str, targets: list[str]) -> str:
@@ -29,6 +29,44 @@ def world_of(request) -> str:
     raise InvalidArgument(f"{type(request).__name__} names no world to route by")
 
 
+class FollowingTransport:
+    """A server's transport that follows its redirects once: a call on a world that a server neither
+    holds nor owns (WrongServer) is made again on the owner it names, so a client that knows only
+    some of the servers, or an old list of them, still lands right. Streams and feeds do not follow."""
+
+    def __init__(self, target: str, make_transport):
+        self._here = make_transport(target)
+        self._make = make_transport
+        self._elsewhere: dict = {}
+
+    def _call(self, method: str, *args):
+        try:
+            return getattr(self._here, method)(*args)
+        except WrongServer as moved:
+            if moved.owner not in self._elsewhere:
+                self._elsewhere[moved.owner] = self._make(moved.owner)
+            return getattr(self._elsewhere[moved.owner], method)(*args)
+
+    def unary(self, method: str, request):
+        return self._call("unary", method, request)
+
+    def query(self, method: str, requests: list):
+        return self._call("query", method, requests)
+
+    def upload(self, method: str, requests: list):
+        return self._call("upload", method, requests)
+
+    def stream(self, requests, world: str):
+        return self._here.stream(requests, world)
+
+    def watch(self, request):
+        return self._here.watch(request)
+
+    def close(self) -> None:
+        for transport in (self._here, *self._elsewhere.values()):
+            transport.close()
+
+
 class RoutedTransport:
     """A transport per target, each call on the one that owns its world."""
 
@@ -36,7 +74,7 @@ class RoutedTransport:
         if not targets or len(set(targets)) != len(targets):
             raise ValueError(f"a routed client needs distinct targets, not {targets!r}")
         self.targets = list(targets)
-        self._transports = {target: make_transport(target) for target in self.targets}
+        self._transports = {target: FollowingTransport(target, make_transport) for target in self.targets}
 
     def _for(self, name: str):
         return self._transports[owner(name, self.targets)]

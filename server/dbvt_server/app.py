@@ -125,7 +125,8 @@ async def create_server(config: Config) -> Running:
     limits = Limits(config.max_worlds, config.max_proxies_per_world, config.max_message_bytes,
                     config.max_staged_bytes, config.max_queued_per_world, config.max_pairs_per_world,
                     config.max_hits_per_call, config.watch_history, config.max_watch_backlog)
-    service = Service(limits, Store(config.data_dir, config.fsync) if config.data_dir else None)
+    service = Service(limits, Store(config.data_dir, config.fsync) if config.data_dir else None, config.peers,
+                      config.advertise)
     if service.store is not None:
         _restore(service)
     executor = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="dbvt-world")

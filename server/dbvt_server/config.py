@@ -44,6 +44,8 @@ class Config:
     reflection: str = "on"
     health_port: int | None = None
     metrics_address: str | None = None
+    peers: tuple[str, ...] = ()
+    advertise: str | None = None
     watch_history: int = 256
     max_watch_backlog: int = 1024
     data_dir: str | None = None
@@ -180,6 +182,14 @@ SETTINGS = [
             "HOST:PORT serving Prometheus metrics at /metrics, and /healthz and /readyz, over HTTP",
             lambda address: split_address(address) is not None, "must be HOST:PORT, such as 0.0.0.0:9464",
             stated_default="none, off"),
+    Setting("peers", "DBVT_PEERS", str,
+            "every server of the replica set as host:port (this one too, as --advertise names it): a world "
+            "belongs to the one its name hashes to, and a call for a world this server neither holds nor "
+            "owns is answered FAILED_PRECONDITION naming the owner (dbvt-owner)",
+            lambda address: split_address(address) is not None, "must be host:port",
+            stated_default="none: every world is this server's", many=True),
+    Setting("advertise", "DBVT_ADVERTISE", str, "this server's own host:port among --peers",
+            lambda address: split_address(address) is not None, "must be host:port", stated_default="none"),
     Setting("watch_history", "DBVT_WATCH_HISTORY", int,
             "ticks of sensor events each world keeps, so that a watcher resuming from a tick within them gets "
             "what it missed instead of a resync", lambda ticks: ticks >= 0, "must be >= 0"),
@@ -200,7 +210,8 @@ SETTINGS = [
 ]
 
 # Settings that mean nothing without another one.
-NEEDS = {"tls_cert": "tls_key", "tls_key": "tls_cert", "tls_client_ca": "tls_cert"}
+NEEDS = {"tls_cert": "tls_key", "tls_key": "tls_cert", "tls_client_ca": "tls_cert", "peers": "advertise",
+         "advertise": "peers"}
 
 
 def parse(argv: list[str] | None = None, environ=os.environ) -> Config:
@@ -241,4 +252,6 @@ def parse(argv: list[str] | None = None, environ=os.environ) -> Config:
     for setting, needed in NEEDS.items():
         if setting in values and needed not in values:
             parser.error(f"--{setting.replace('_', '-')} needs --{needed.replace('_', '-')} as well")
+    if "advertise" in values and values["advertise"] not in values["peers"]:
+        parser.error(f"--advertise {values['advertise']} must be one of --peers {','.join(values['peers'])}")
     return Config(**values)

@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 
 from dbvt_client.errors import (AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted,
-                                quoted)
+                                WrongServer, quoted)
+from dbvt_client.routing import owner
 from dbvt_proto.v1 import broadphase_pb2 as pb
 from dbvt_server import __version__, images
 from dbvt_server.persistence import Store, new_incarnation
@@ -48,8 +49,11 @@ class Limits:
 
 
 class Service:
-    def __init__(self, limits: Limits, store: Store | None = None):
+    def __init__(self, limits: Limits, store: Store | None = None, peers: tuple[str, ...] = (),
+                 advertise: str | None = None):
         self.limits = limits
+        # The replica set and this server in it (--peers, --advertise): a world belongs to one of them.
+        self.peers, self.advertise = list(peers), advertise
         # The data directory, when worlds are kept across restarts (--data-dir).
         self.store = store
         self._worlds: dict[str, World] = {}
@@ -66,7 +70,15 @@ class Service:
         try:
             return self._worlds[name]
         except KeyError:
+            self._check_owned(name)
             raise NotFound(f"no world named {quoted(name)}") from None
+
+    def _check_owned(self, name: str) -> None:
+        """WrongServer when the world belongs to another server of the replica set. A world held here
+        is served here whoever owns it (until it is moved)."""
+        if self.peers and (found := owner(name, self.peers)) != self.advertise:
+            raise WrongServer(f"world {quoted(name)} belongs to {found}, not to this server ({self.advertise})",
+                              found)
 
     def server_info(self, request: pb.GetServerInfoRequest) -> pb.GetServerInfoResponse:
         return pb.GetServerInfoResponse(version=__version__, max_message_bytes=self.limits.max_message_bytes,
@@ -84,6 +96,7 @@ class Service:
         if name in self._worlds:
             return pb.CreateWorldResponse(world=self._reattach(self._worlds[name], request, settings).info(),
                                           created=False)
+        self._check_owned(name)
         self._check_room(name)
         world = World(name, **settings, max_hits=self.limits.max_hits_per_call, incarnation=new_incarnation())
         if not world.ephemeral:
@@ -204,6 +217,7 @@ class Service:
         if name in self._worlds:
             raise AlreadyExists(f"a world named {quoted(name)} already exists; import under another name, "
                                 "or delete it first")
+        self._check_owned(name)
         self._check_room(name)
         self._arriving.add(name)
 
