@@ -262,7 +262,7 @@ def test_an_async_stream_says_its_server_closed_it():
         async with AsyncClient(server.target) as client:
             world = await client.create_world("cut")
             # A stream read by nobody, to write on once its call has ended: asyncio's InvalidStateError then.
-            unread = client._transport.open_stream()
+            unread = client._transport.open_stream("cut")
             await unread.write(pb.StreamBatchesRequest(world="cut", sequence=1))
             async with world.stream() as stream:
                 assert (await stream.apply()).tick == 2

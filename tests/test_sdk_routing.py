@@ -5,13 +5,14 @@ replica set (--peers, --advertise) redirect a call for a world they neither hold
 client that knows only one of them follows to each owner."""
 from __future__ import annotations
 
+import asyncio
 import socket
 
 import grpc
 import numpy as np
 import pytest
 
-from dbvt_client import Client, InvalidArgument
+from dbvt_client import AsyncClient, Client, InvalidArgument
 from dbvt_client.routing import owner
 from dbvt_proto.v1 import broadphase_pb2 as pb
 from dbvt_proto.v1 import broadphase_pb2_grpc as pb_grpc
@@ -143,3 +144,21 @@ def test_peers_and_advertise_go_together(capsys):
             parse(argv)
         assert complaint in capsys.readouterr().err
     assert parse([], {"DBVT_PEERS": "a:1, b:2", "DBVT_ADVERTISE": "b:2"}).peers == ("a:1", "b:2")
+
+
+def test_the_async_client_routes_and_follows_too(replica_set):
+    async def run():
+        names = [f"async-{i}" for i in range(12)]
+        async with AsyncClient(replica_set[1]) as one, AsyncClient(replica_set) as routed:
+            for name in names:
+                world = await one.create_world(name, dims=2)           # redirected to each owner
+                async with world.stream() as stream:
+                    assert (await stream.apply(create=([1], [[0, 0, 1, 1]]))).tick == 1
+            listed = [name for name in await routed.list_worlds() if name.startswith("async-")]
+            ticks = [(await routed.world(name).info()).tick for name in names]
+            for name in names:
+                await routed.delete_world(name)
+        return listed, ticks, sorted(names)
+
+    listed, ticks, names = asyncio.run(run())
+    assert listed == names and ticks == [1] * len(names)

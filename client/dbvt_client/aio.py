@@ -7,7 +7,7 @@ import itertools
 
 import grpc
 
-from dbvt_client import batches, parts, queries, transfer, watching
+from dbvt_client import batches, parts, queries, routing, transfer, watching
 from dbvt_client.client import (DEFAULT_MAX_PROXIES_PER_WORLD, DEFAULT_MAX_WORLDS, create_request, server_dict,
                                 stats_dict, world_info)
 from dbvt_client.errors import (DbvtError, Unavailable, from_exception, from_rpc_error, from_stream_status)
@@ -86,7 +86,8 @@ class _AsyncGrpcTransport:
         call = self._stub.WatchSensors(request, metadata=self._metadata)
         return call, call.cancel
 
-    def open_stream(self) -> _GrpcStream:
+    def open_stream(self, world: str) -> _GrpcStream:
+        """A batch stream of `world` (a routed client picks the server by it)."""
         return _GrpcStream(self._stub, self._metadata)
 
     async def close(self) -> None:
@@ -97,9 +98,15 @@ class AsyncClient:
     """`Client` for asyncio: `async with AsyncClient("127.0.0.1:50051") as client: ...`; `token` and
     `tls` as for `Client`."""
 
-    def __init__(self, target: str, *, timeout: float | None = None, token: str | None = None, tls=None,
-                 _transport=None):
-        self._transport = _transport or _AsyncGrpcTransport(Connection(target, timeout, token, tls))
+    def __init__(self, target: str | list[str], *, timeout: float | None = None, token: str | None = None,
+                 tls=None, _transport=None):
+        def connect(one: str) -> _AsyncGrpcTransport:
+            return _AsyncGrpcTransport(Connection(one, timeout, token, tls))
+
+        if _transport is None:
+            _transport = (routing.AsyncRoutedTransport(list(target), connect) if isinstance(target, (list, tuple))
+                          else routing.AsyncFollowingTransport(target, connect))
+        self._transport = _transport
         self._max_message_bytes: int | None = None
 
     @classmethod
@@ -261,7 +268,7 @@ class AsyncBatchStream:
         self._failure: DbvtError | None = None
 
     async def __aenter__(self) -> "AsyncBatchStream":
-        self._call = self._world._client._transport.open_stream()
+        self._call = self._world._client._transport.open_stream(self._world.name)
         self._reader = asyncio.create_task(self._read())
         return self
 

@@ -176,7 +176,7 @@ class AsyncLocalTransport:
 
         return messages(), stop
 
-    def open_stream(self) -> _LocalStream:
+    def open_stream(self, world: str) -> _LocalStream:
         return _LocalStream(self._local)
 
     async def close(self) -> None:
