@@ -80,6 +80,17 @@ def frustum(world: str, planes, mask, max_message_bytes: int, include_sensors: b
     return _csr_plan("QueryFrustum", requests, len(arr))
 
 
+def _fractions_finish(count: int):
+    """An answer with a fraction per hit (a raycast's, a cast's) as RayHits."""
+
+    def finish(response):
+        offsets, hits = wire.decode_csr(response.offsets, response.hits, count)
+        return RayHits(offsets, hits, np.frombuffer(response.fractions, wire.FRACTIONS), tick=response.tick,
+                       incarnation=response.incarnation)
+
+    return finish
+
+
 def raycast(world: str, segments, first_hit: bool, mask, max_message_bytes: int,
             include_sensors: bool = False) -> Plan:
     arr = wire.float_array(segments, "segments", 2)
@@ -87,13 +98,7 @@ def raycast(world: str, segments, first_hit: bool, mask, max_message_bytes: int,
     base = _common(world, mask, include_sensors)
     ranges = _ranges(len(arr), arr[:1].nbytes, max_message_bytes)
     requests = [pb.RaycastRequest(count=b - a, segments=arr[a:b].tobytes(), mode=mode, **base) for a, b in ranges]
-
-    def finish(response):
-        offsets, hits = wire.decode_csr(response.offsets, response.hits, len(arr))
-        return RayHits(offsets, hits, np.frombuffer(response.fractions, wire.FRACTIONS), tick=response.tick,
-                       incarnation=response.incarnation)
-
-    return Plan("Raycast", requests, finish)
+    return Plan("Raycast", requests, _fractions_finish(len(arr)))
 
 
 def nearest(world: str, points, k, max_distance, mask, max_message_bytes: int, include_sensors: bool) -> Plan:
@@ -115,15 +120,6 @@ def nearest(world: str, points, k, max_distance, mask, max_message_bytes: int, i
     return Plan("QueryNearest", requests, finish)
 
 
-def _cast_finish(count: int):
-    def finish(response):
-        offsets, hits = wire.decode_csr(response.offsets, response.hits, count)
-        return RayHits(offsets, hits, np.frombuffer(response.fractions, wire.FRACTIONS), tick=response.tick,
-                       incarnation=response.incarnation)
-
-    return finish
-
-
 def cast_box(world: str, boxes, displacements, first_hit: bool, mask, max_message_bytes: int,
              include_sensors: bool) -> Plan:
     arr = wire.float_array(boxes, "boxes", 2)
@@ -134,7 +130,7 @@ def cast_box(world: str, boxes, displacements, first_hit: bool, mask, max_messag
     ranges = _ranges(len(arr), arr[:1].nbytes + moves[:1].nbytes, max_message_bytes)
     requests = [pb.CastBoxRequest(count=b - a, boxes=arr[a:b].tobytes(), displacements=moves[a:b].tobytes(),
                                   first_hit=bool(first_hit), **base) for a, b in ranges]
-    return Plan("CastBox", requests, _cast_finish(len(arr)))
+    return Plan("CastBox", requests, _fractions_finish(len(arr)))
 
 
 def cast_sphere(world: str, centers, radii, displacements, first_hit: bool, mask, max_message_bytes: int,
@@ -152,7 +148,7 @@ def cast_sphere(world: str, centers, radii, displacements, first_hit: bool, mask
     requests = [pb.CastSphereRequest(count=b - a, centers=arr[a:b].tobytes(), radii=radii_arr[a:b].tobytes(),
                                      displacements=moves[a:b].tobytes(), first_hit=bool(first_hit), **base)
                 for a, b in ranges]
-    return Plan("CastSphere", requests, _cast_finish(len(arr)))
+    return Plan("CastSphere", requests, _fractions_finish(len(arr)))
 
 
 def overlap(world_a: str, world_b: str, mask_a, mask_b, include_sensors: bool) -> Plan:

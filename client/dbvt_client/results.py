@@ -27,71 +27,45 @@ class BatchResult:
     left: np.ndarray = field(default_factory=_no_rows)
 
 
-class Hits(tuple):
+class _Answer(tuple):
+    """A query answer in CSR form, with the tick it reflects and the world's incarnation; unpacks as
+    its columns."""
+
+    tick: int
+    incarnation: int
+
+    def __new__(cls, *columns: np.ndarray, tick: int, incarnation: int = 0):
+        made = super().__new__(cls, columns)
+        made.tick, made.incarnation = tick, incarnation
+        return made
+
+    @property
+    def offsets(self) -> np.ndarray:
+        return self[0]
+
+    @property
+    def hits(self) -> np.ndarray:
+        return self[1]
+
+
+class Hits(_Answer):
     """`(offsets, hits)` in CSR form, as `dbvt.Tree` returns it: the ids hit by query i are
     `hits[offsets[i]:offsets[i+1]]`. Unpacks as a pair; `tick` is the world tick the answer reflects,
     `incarnation` the world's."""
 
-    tick: int
-    incarnation: int
 
-    def __new__(cls, offsets: np.ndarray, hits: np.ndarray, tick: int, incarnation: int = 0):
-        made = super().__new__(cls, (offsets, hits))
-        made.tick, made.incarnation = tick, incarnation
-        return made
-
-    @property
-    def offsets(self) -> np.ndarray:
-        return self[0]
-
-    @property
-    def hits(self) -> np.ndarray:
-        return self[1]
-
-
-class RayHits(tuple):
-    """`(offsets, hits, fractions)` of a raycast; `fractions` (float64) is each hit's entry fraction."""
-
-    tick: int
-    incarnation: int
-
-    def __new__(cls, offsets: np.ndarray, hits: np.ndarray, fractions: np.ndarray, tick: int, incarnation: int = 0):
-        made = super().__new__(cls, (offsets, hits, fractions))
-        made.tick, made.incarnation = tick, incarnation
-        return made
-
-    @property
-    def offsets(self) -> np.ndarray:
-        return self[0]
-
-    @property
-    def hits(self) -> np.ndarray:
-        return self[1]
+class RayHits(_Answer):
+    """`(offsets, hits, fractions)` of a raycast or a cast; `fractions` (float64) is each hit's entry
+    fraction (t)."""
 
     @property
     def fractions(self) -> np.ndarray:
         return self[2]
 
 
-class NearestHits(tuple):
+class NearestHits(_Answer):
     """`(offsets, hits, distances)` of `query_nearest`: for point i, `hits[offsets[i]:offsets[i+1]]` by
     distance then id, and `distances` (float32) from the point to each hit's tight box."""
-
-    tick: int
-    incarnation: int
-
-    def __new__(cls, offsets: np.ndarray, hits: np.ndarray, distances: np.ndarray, tick: int, incarnation: int = 0):
-        made = super().__new__(cls, (offsets, hits, distances))
-        made.tick, made.incarnation = tick, incarnation
-        return made
-
-    @property
-    def offsets(self) -> np.ndarray:
-        return self[0]
-
-    @property
-    def hits(self) -> np.ndarray:
-        return self[1]
 
     @property
     def distances(self) -> np.ndarray:

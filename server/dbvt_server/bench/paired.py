@@ -14,7 +14,6 @@ without one, W1 data of --n proxies and --steps steps is made first, in a tempor
 """
 from __future__ import annotations
 
-import argparse
 import pathlib
 import statistics
 import tempfile
@@ -83,12 +82,7 @@ def report(work: Workload, runs: dict[str, list[dict]], target: float) -> list[s
 
 
 def add_arguments(parser) -> None:
-    parser.description, parser.formatter_class = __doc__, argparse.RawDescriptionHelpFormatter
-    parser.add_argument("directory", nargs="?", type=pathlib.Path,
-                        help="a W1 directory (default: make W1 data with --n and --steps)")
-    parser.add_argument("--n", type=workload.at_least(10), default=100_000, help="proxies of the W1 data made here [100000]")
-    parser.add_argument("--steps", type=workload.at_least(1), default=30, help="steps to run (at most the directory's) [30]")
-    parser.add_argument("--seed", type=int, default=workload.W1_SEED, help="seed of the W1 data made here")
+    workload.add_w1_arguments(parser, __doc__)
     parser.add_argument("--repeats", type=workload.at_least(1), default=7, help="paired runs; medians are reported [7]")
 
 

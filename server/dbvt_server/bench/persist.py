@@ -17,7 +17,6 @@ directory):
 """
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import pathlib
@@ -188,12 +187,7 @@ def report(work: Workload, runs: dict, restarts: dict, journaled: int, snapshots
 
 
 def add_arguments(parser) -> None:
-    parser.description, parser.formatter_class = __doc__, argparse.RawDescriptionHelpFormatter
-    parser.add_argument("directory", nargs="?", type=pathlib.Path,
-                        help="a W1 directory (default: make W1 data with --n and --steps)")
-    parser.add_argument("--n", type=workload.at_least(10), default=100_000, help="proxies of the W1 data made here [100000]")
-    parser.add_argument("--steps", type=workload.at_least(1), default=30, help="steps to run (at most the directory's) [30]")
-    parser.add_argument("--seed", type=int, default=workload.W1_SEED, help="seed of the W1 data made here")
+    workload.add_w1_arguments(parser, __doc__)
     parser.add_argument("--repeats", type=workload.at_least(1), default=5, help="runs of each side [5]")
     parser.add_argument("--journaled", type=workload.at_least(1), default=1000,
                         help="steps journaled before the restart [1000]")

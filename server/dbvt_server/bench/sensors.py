@@ -15,8 +15,6 @@ W1 (DIRECTORY, or W1 data of --n proxies made first) with --sensors sphere senso
 """
 from __future__ import annotations
 
-import argparse
-import pathlib
 import statistics
 import threading
 import time
@@ -159,12 +157,7 @@ def report(work: Workload, args, ratios: list[float], one: list[dict], eight: li
 
 
 def add_arguments(parser) -> None:
-    parser.description, parser.formatter_class = __doc__, argparse.RawDescriptionHelpFormatter
-    parser.add_argument("directory", nargs="?", type=pathlib.Path,
-                        help="a W1 directory (default: make W1 data with --n and --steps)")
-    parser.add_argument("--n", type=workload.at_least(10), default=100_000, help="proxies of the W1 data made here [100000]")
-    parser.add_argument("--steps", type=workload.at_least(1), default=30, help="steps to run (at most the directory's) [30]")
-    parser.add_argument("--seed", type=int, default=workload.W1_SEED, help="seed of the W1 data and the sensors")
+    workload.add_w1_arguments(parser, __doc__, "seed of the W1 data and the sensors")
     parser.add_argument("--sensors", type=workload.at_least(1), default=2000, help="sphere sensors [2000]")
     parser.add_argument("--radius", type=float, default=15.0, help="their radius [15]")
     parser.add_argument("--repeats", type=workload.at_least(1), default=3, help="runs of each measure [3]")

@@ -297,6 +297,16 @@ def w1_for(args, benchmark: str) -> Workload:
     return work
 
 
+def add_w1_arguments(parser, description: str, seed_help: str = "seed of the W1 data made here") -> None:
+    """The arguments every benchmark on W1 takes: DIRECTORY, or --n, --steps and --seed to make it."""
+    parser.description, parser.formatter_class = description, argparse.RawDescriptionHelpFormatter
+    parser.add_argument("directory", nargs="?", type=Path,
+                        help="a W1 directory (default: make W1 data with --n and --steps)")
+    parser.add_argument("--n", type=at_least(10), default=100_000, help="proxies of the W1 data made here [100000]")
+    parser.add_argument("--steps", type=at_least(1), default=30, help="steps to run (at most the directory's) [30]")
+    parser.add_argument("--seed", type=int, default=W1_SEED, help=seed_help)
+
+
 def add_arguments(parser) -> None:
     parser.description, parser.formatter_class = __doc__, argparse.RawDescriptionHelpFormatter
     kinds = parser.add_subparsers(dest="kind", required=True, metavar="{w1,w2}")
