@@ -9,11 +9,14 @@ import asyncio
 import threading
 import time
 
+import grpc
 import numpy as np
 import pytest
 
 from dbvt import reference
-from dbvt_client import Client, Create, NotFound, ResourceExhausted, SensorSet
+from dbvt_client import Client, Create, InvalidArgument, NotFound, ResourceExhausted, SensorSet
+from dbvt_proto.v1 import broadphase_pb2 as pb
+from dbvt_proto.v1 import broadphase_pb2_grpc as pb_grpc
 from servers import ServerThread, async_client
 from worlds import W1World
 
@@ -241,3 +244,27 @@ def test_a_refused_batch_leaves_every_sensor_exactly_as_it_was(client):
     result = world.apply(move=([2], [[5.5, 5, 5, 6, 6, 6]]))            # still in the band: no event
     assert result.entered.size == result.left.size == 0
     np.testing.assert_array_equal(world.apply(move=([2], [[7, 7, 7, 8, 8, 8]])).left, [[1, 2]])
+
+
+def test_bad_sensor_requests_get_a_clear_status_and_change_nothing(server):
+    with Client(server.target) as client:
+        world = client.create_world("strict-sensors")
+        world.apply(create=([1], [[0, 0, 0, 1, 1, 1]]))
+        bad = pb.ApplyBatchRequest(world="strict-sensors", batch=pb.Batch(
+            create_ids=np.array([2], "<u8").tobytes(), create_boxes=np.zeros((1, 6), "<f4").tobytes(),
+            create_sensor=bytes([3])))
+        with grpc.insecure_channel(server.target) as channel:
+            stub = pb_grpc.BroadphaseServiceStub(channel)
+            with pytest.raises(grpc.RpcError) as refused:
+                list(stub.ApplyBatch(bad, timeout=10))
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "create_sensor row 0: kind 3" in refused.value.details()
+            with pytest.raises(grpc.RpcError) as unknown:
+                next(iter(stub.WatchSensors(pb.WatchSensorsRequest(world="no-such-world"), timeout=10)))
+            assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+        assert world.info().tick == 1 and world.info().proxies == 1
+        with pytest.raises(InvalidArgument, match="from_tick 9 is ahead of the world's tick 1"):
+            next(iter(world.watch(from_tick=9)))
+        with pytest.raises(InvalidArgument, match="sensor must be"):
+            world.apply(create=([3], [[0, 0, 0, 1, 1, 1]]), sensor="cube")
+        client.delete_world("strict-sensors")

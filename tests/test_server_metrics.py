@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from dbvt_client import Client, NotFound
+from dbvt_client import Client, Create, NotFound
 from servers import ServerProcess, ServerThread
 
 BOXES = np.array([[0, 0, 0, 1, 1, 1], [0.5, 0.5, 0.5, 2, 2, 2], [5, 5, 5, 6, 6, 6]], np.float32)
@@ -141,3 +141,18 @@ def test_a_data_directory_reports_its_journals_and_snapshots(tmp_path):
     # The creation's snapshot is written before the world is announced; this one on the writer thread.
     assert samples[("dbvt_snapshots_written_total",)] == 2
     assert samples[("dbvt_snapshot_failures_total",)] == samples[("dbvt_journal_write_failures_total",)] == 0
+
+
+def test_sensor_pairs_and_watchers_are_gauged(server):
+    port = server.running.metrics_endpoint.port
+    with Client(server.target) as client:
+        world = client.create_world("gauged-sensors")
+        world.apply(create=Create([1], [[0, 0, 0, 4, 4, 4]], sensor="box"))
+        world.apply(create=([2, 3], [[1, 1, 1, 2, 2, 2], [9, 9, 9, 10, 10, 10]]))
+        with world.watch() as feed:
+            next(feed)
+            samples = scrape(port)
+        client.delete_world("gauged-sensors")
+    label = ("world", "gauged-sensors")
+    assert samples[("dbvt_world_sensor_pairs", label)] == 1
+    assert samples[("dbvt_world_watchers", label)] == 1
