@@ -14,8 +14,8 @@ from dbvt_client.aio import AsyncBatchStream, AsyncClient, AsyncWorld
 from dbvt_client.batches import Create
 from dbvt_client.client import BatchStream, Client, World
 from dbvt_client.errors import (AlreadyExists, Cancelled, DbvtError, DeadlineExceeded, FailedPrecondition, Internal,
-                                InvalidArgument, NotFound, PermissionDenied, ResourceExhausted, TickMismatch,
-                                Unauthenticated, Unavailable, Unimplemented, Unknown)
+                                InvalidArgument, Moving, NotFound, PermissionDenied, ResourceExhausted, TickMismatch,
+                                Unauthenticated, Unavailable, Unimplemented, Unknown, WrongServer)
 from dbvt_client.results import (BatchResult, Crossings, Hits, NearestHits, RayHits, SensorEvents, Snapshot,
                                  WorldInfo)
 from dbvt_client.security import TLS
@@ -26,8 +26,8 @@ __all__ = [
     "BatchResult", "Hits", "RayHits", "NearestHits", "Crossings", "WorldInfo", "Snapshot", "SensorEvents", "SensorWatch", "AsyncSensorWatch",
     "SensorSet",
     "DbvtError", "InvalidArgument", "NotFound", "AlreadyExists", "ResourceExhausted", "FailedPrecondition",
-    "TickMismatch",
-    "Unavailable", "DeadlineExceeded", "Cancelled", "Unimplemented", "Internal", "Unauthenticated",
+    "TickMismatch", "WrongServer",
+    "Unavailable", "Moving", "DeadlineExceeded", "Cancelled", "Unimplemented", "Internal", "Unauthenticated",
     "PermissionDenied", "Unknown",
 ]
 __version__ = "0.1.0"

@@ -7,7 +7,7 @@ import itertools
 
 import grpc
 
-from dbvt_client import batches, parts, queries, routing, transfer, watching
+from dbvt_client import batches, following, parts, queries, routing, transfer, watching
 from dbvt_client.client import (DEFAULT_MAX_PROXIES_PER_WORLD, DEFAULT_MAX_WORLDS, create_request, server_dict,
                                 stats_dict, world_info)
 from dbvt_client.errors import (DbvtError, Unavailable, from_exception, from_rpc_error, from_stream_status)
@@ -104,8 +104,13 @@ class AsyncClient:
             return _AsyncGrpcTransport(Connection(one, timeout, token, tls))
 
         if _transport is None:
-            _transport = (routing.AsyncRoutedTransport(list(target), connect) if isinstance(target, (list, tuple))
-                          else routing.AsyncFollowingTransport(target, connect))
+            if isinstance(target, (list, tuple)):
+                _transport = routing.AsyncRoutedTransport(list(target), connect)
+            elif isinstance(target, str) and routing.is_dns(target):
+                Connection(target, timeout, token, tls)      # refuses what it would refuse for one server
+                _transport = routing.AsyncRoutedTransport(target, connect)
+            else:
+                _transport = following.AsyncFollowingTransport(target, connect)
         self._transport = _transport
         self._max_message_bytes: int | None = None
 
@@ -144,8 +149,10 @@ class AsyncClient:
     def world(self, name: str) -> "AsyncWorld":
         return AsyncWorld(self, name)
 
-    async def list_worlds(self) -> list[str]:
-        return [info.name for info in (await self._transport.unary("ListWorlds", pb.ListWorldsRequest())).worlds]
+    async def list_worlds(self, *, details: bool = False) -> list[str] | list[WorldInfo]:
+        """See `Client.list_worlds`."""
+        worlds = (await self._transport.unary("ListWorlds", pb.ListWorldsRequest())).worlds
+        return [world_info(info) for info in worlds] if details else [info.name for info in worlds]
 
     async def delete_world(self, name: str) -> None:
         await self._transport.unary("DeleteWorld", pb.DeleteWorldRequest(name=name))
@@ -251,6 +258,15 @@ class AsyncWorld:
         response = await self._client._transport.unary("ExportWorld", pb.ExportWorldRequest(world=self.name))
         transfer.write_image(response, destination)
         return world_info(response.world)
+
+    async def begin_move(self, destination: str) -> WorldInfo:
+        """See `World.begin_move`."""
+        request = pb.BeginMoveRequest(world=self.name, destination=destination)
+        return world_info((await self._client._transport.unary("BeginMove", request)).world)
+
+    async def finish_move(self, *, cancel: bool = False) -> None:
+        """See `World.finish_move`."""
+        await self._client._transport.unary("FinishMove", pb.FinishMoveRequest(world=self.name, cancel=cancel))
 
 
 class AsyncBatchStream:

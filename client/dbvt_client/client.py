@@ -10,7 +10,7 @@ from concurrent.futures import Future
 
 import numpy as np
 
-from dbvt_client import batches, parts, queries, routing, transfer, watching
+from dbvt_client import batches, following, parts, queries, routing, transfer, watching
 from dbvt_client.errors import DbvtError, InvalidArgument, Unavailable, from_exception
 from dbvt_client.results import BatchResult, Crossings, Hits, NearestHits, RayHits, Snapshot, WorldInfo
 from dbvt_client.transport import Connection, GrpcTransport, local_transport
@@ -23,7 +23,8 @@ DEFAULT_MAX_PROXIES_PER_WORLD = 10_000_000
 def world_info(info: pb.WorldInfo) -> WorldInfo:
     return WorldInfo(name=info.name, dims=info.dims, margin=info.margin, max_proxies=info.max_proxies,
                      proxies=info.proxies, tick=info.tick, track_pairs=info.track_pairs, max_pairs=info.max_pairs,
-                     incarnation=info.incarnation, ephemeral=info.ephemeral, sensor_margin=info.sensor_margin)
+                     incarnation=info.incarnation, ephemeral=info.ephemeral, sensor_margin=info.sensor_margin,
+                     moving_to=info.moving_to)
 
 
 # What each argument of create_world must be, for the arguments the protocol itself cannot carry.
@@ -57,7 +58,8 @@ def server_dict(info: pb.GetServerInfoResponse) -> dict:
     return {"version": info.version, "max_message_bytes": info.max_message_bytes,
             "max_worlds": info.max_worlds, "max_proxies_per_world": info.max_proxies_per_world,
             "max_pairs_per_world": info.max_pairs_per_world, "max_hits_per_call": info.max_hits_per_call,
-            "persistent": info.persistent, "fsync": info.fsync}
+            "persistent": info.persistent, "fsync": info.fsync, "peers": list(info.peers),
+            "advertise": info.advertise}
 
 
 def stats_dict(response: pb.GetWorldStatsResponse) -> dict:
@@ -85,8 +87,13 @@ class Client:
             return GrpcTransport(Connection(one, timeout, token, tls))
 
         if _transport is None:
-            _transport = (routing.RoutedTransport(list(target), connect) if isinstance(target, (list, tuple))
-                          else routing.FollowingTransport(target, connect))
+            if isinstance(target, (list, tuple)):
+                _transport = routing.RoutedTransport(list(target), connect)
+            elif isinstance(target, str) and routing.is_dns(target):
+                Connection(target, timeout, token, tls)      # refuses what it would refuse for one server
+                _transport = routing.RoutedTransport(target, connect)
+            else:
+                _transport = following.FollowingTransport(target, connect)
         self._transport = _transport
         self._max_message_bytes: int | None = None
 
@@ -143,8 +150,10 @@ class Client:
         """A handle on an existing world (no call is made until it is used)."""
         return World(self, name)
 
-    def list_worlds(self) -> list[str]:
-        return [info.name for info in self._transport.unary("ListWorlds", pb.ListWorldsRequest()).worlds]
+    def list_worlds(self, *, details: bool = False) -> list[str] | list[WorldInfo]:
+        """The worlds' names, sorted; with `details=True`, each world's `WorldInfo`."""
+        worlds = self._transport.unary("ListWorlds", pb.ListWorldsRequest()).worlds
+        return [world_info(info) for info in worlds] if details else [info.name for info in worlds]
 
     def delete_world(self, name: str) -> None:
         self._transport.unary("DeleteWorld", pb.DeleteWorldRequest(name=name))
@@ -271,6 +280,18 @@ class World:
         response = self._client._transport.unary("ExportWorld", pb.ExportWorldRequest(world=self.name))
         transfer.write_image(response, destination)
         return world_info(response.world)
+
+    def begin_move(self, destination: str) -> WorldInfo:
+        """Freeze this world for its move to the server `destination` (admin): every other call on it
+        is refused with Moving (which the SDK retries) until `finish_move()`, across restarts too.
+        Returns the world as frozen. `dbvt-admin rebalance` moves worlds with this."""
+        request = pb.BeginMoveRequest(world=self.name, destination=destination)
+        return world_info(self._client._transport.unary("BeginMove", request).world)
+
+    def finish_move(self, *, cancel: bool = False) -> None:
+        """Delete this frozen world here, its calls redirected to its destination from then on; or,
+        with `cancel=True`, serve it here again (admin)."""
+        self._client._transport.unary("FinishMove", pb.FinishMoveRequest(world=self.name, cancel=cancel))
 
 
 _END = object()

@@ -91,6 +91,22 @@ class Unavailable(DbvtError):
     code = grpc.StatusCode.UNAVAILABLE
 
 
+class Moving(Unavailable):
+    """The world is being moved to another server (`destination`, trailing metadata dbvt-moving), and
+    nothing was done: the SDK retries the call with backoff until the move ends."""
+
+    def __init__(self, message: str, destination: str):
+        super().__init__(message)
+        self.destination = destination
+
+    @property
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        return ((MOVING_KEY, self.destination),)
+
+
+MOVING_KEY = "dbvt-moving"
+
+
 class DeadlineExceeded(DbvtError):
     code = grpc.StatusCode.DEADLINE_EXCEEDED
 
@@ -149,6 +165,10 @@ def from_rpc_error(error: grpc.RpcError) -> DbvtError:
         owner = dict(error.trailing_metadata() or ()).get(OWNER_KEY)
         if owner:
             return WrongServer(error.details() or "", owner)
+    if error.code() == grpc.StatusCode.UNAVAILABLE:
+        destination = dict(error.trailing_metadata() or ()).get(MOVING_KEY)
+        if destination:
+            return Moving(error.details() or "", destination)
     return from_status(error.code(), error.details() or "")
 
 

@@ -91,6 +91,7 @@ class WorldInfo:
     `incarnation` is random, set when the world is created, and kept by restarts that restore the
     world's whole history and by export and import; a new one means that history was lost (the world
     was made again, or restored without the end of its journal). `ephemeral` worlds are not kept.
+    `moving_to` names the server a world is being moved to, while it moves (`dbvt-admin rebalance`).
     """
 
     name: str
@@ -104,6 +105,7 @@ class WorldInfo:
     incarnation: int = 0
     ephemeral: bool = True
     sensor_margin: float = 0.0
+    moving_to: str = ""
 
 
 @dataclass(frozen=True)

@@ -1,16 +1,26 @@
 """Worlds spread over several servers: each world lives on one of them, found by rendezvous hashing.
 
 `Client(["host-0:50051", "host-1:50051", ...])` gives every world one owner among the targets: the
-target with the highest hash of (target, world name). Every per-world call goes straight to its
-owner; `list_worlds()` merges every server's list. Adding or removing a target moves only the worlds
-whose highest hash was on it (what `rendezvous` hashing is for), so few worlds change owner.
+target with the highest hash of (target, world name). `Client("dns:///name:50051")` does the same
+over every address the name resolves to, looked up again every RESOLVE_SECONDS and after a server
+cannot be reached; when the servers know their replica set (--peers), the client hashes over the set
+they report instead, so that clients and servers always agree. Every per-world call goes straight to
+its owner; `list_worlds()` merges every server's list. Adding or removing a target moves only the
+worlds whose highest hash was on it (what rendezvous hashing is for), so few worlds change owner.
 """
 from __future__ import annotations
 
 import hashlib
+import socket
+import time
 
-from dbvt_client.errors import InvalidArgument, WrongServer
+from dbvt_client.errors import InvalidArgument, Unavailable
+from dbvt_client.following import AsyncFollowingTransport, FollowingTransport, world_of
 from dbvt_proto.v1 import broadphase_pb2 as pb
+
+# How often a dns:/// target is looked up again.
+RESOLVE_SECONDS = 30.0
+
 
 def owner(name: str, targets: list[str]) -> str:
     """The target that owns world `name`: the highest 64-bit BLAKE2b hash of target and name."""
@@ -21,185 +31,199 @@ def owner(name: str, targets: list[str]) -> str:
     return max(targets, key=score)
 
 
-def world_of(request) -> str:
-    """The world a request is about."""
-    for field in ("world", "name", "world_a"):
-        if hasattr(request, field):
-            return getattr(request, field)
-    raise InvalidArgument(f"{type(request).__name__} names no world to route by")
+def is_dns(target: str) -> bool:
+    """Whether `target` is a DNS name to route over (`dns:///name:port` or `dns:name:port`); with an
+    authority (`dns://8.8.8.8/name:port`) it is left to gRPC, as one server."""
+    return target.startswith("dns:///") or (target.startswith("dns:") and not target.startswith("dns://"))
 
 
-class _Redirects:
-    """Where a server has said a world lives: each redirect (WrongServer) is followed once and
-    remembered, so later calls on that world, and its streams and feeds, go straight there."""
-
-    def __init__(self, target: str, make_transport):
-        self._here = make_transport(target)
-        self._make = make_transport
-        self._elsewhere: dict = {}
-        self._owners: dict[str, str] = {}
-
-    def _at(self, world: str | None):
-        found = self._owners.get(world) if world is not None else None
-        return self._here if found is None else self._elsewhere[found]
-
-    def _learn(self, world: str, moved: WrongServer):
-        if moved.owner not in self._elsewhere:
-            self._elsewhere[moved.owner] = self._make(moved.owner)
-        self._owners[world] = moved.owner
-        return self._elsewhere[moved.owner]
-
-    def _transports(self) -> list:
-        return [self._here, *self._elsewhere.values()]
+def resolve(target: str) -> list[str]:
+    """Every address of a dns: target as `ip:port` (`[ip6]:port`), sorted: the strings servers with
+    `--peers dns:///...` hash over too. Raises OSError when the name cannot be resolved."""
+    host, _, port = target.removeprefix("dns:").removeprefix("///").rpartition(":")
+    found = socket.getaddrinfo(host.strip("[]"), int(port), type=socket.SOCK_STREAM)
+    addresses = {f"[{info[4][0]}]:{port}" if info[0] == socket.AF_INET6 else f"{info[4][0]}:{port}"
+                 for info in found}
+    return sorted(addresses)
 
 
-def _world_or_none(request) -> str | None:
-    try:
-        return world_of(request)
-    except InvalidArgument:
-        return None
+class Ring:
+    """The targets a routed client hashes over: a fixed list, or the replica set behind a DNS name."""
 
+    def __init__(self, targets: list[str] | str):
+        self.name = targets if isinstance(targets, str) else None
+        if self.name is None and (not targets or len(set(targets)) != len(targets)):
+            raise ValueError(f"a routed client needs distinct targets, not {targets!r}")
+        self.targets: list[str] = [] if self.name else list(targets)
+        self._checked = -RESOLVE_SECONDS
 
-class FollowingTransport(_Redirects):
-    """A server's transport that follows its redirects: a call on a world that a server neither holds
-    nor owns is made again on the owner it names, so a client that knows only some of the servers,
-    or an old list of them, still lands right."""
+    @property
+    def stale(self) -> bool:
+        return self.name is not None and time.monotonic() - self._checked >= RESOLVE_SECONDS
 
-    def _call(self, method: str, world: str | None, *args):
+    def addresses(self) -> list[str]:
         try:
-            return getattr(self._at(world), method)(*args)
-        except WrongServer as moved:
-            if world is None:
-                raise
-            return getattr(self._learn(world, moved), method)(*args)
+            found = resolve(self.name)
+        except OSError as exc:
+            if self.targets:
+                return self.targets                 # a DNS hiccup keeps the set it had
+            raise Unavailable(f"cannot resolve {self.name}: {exc}") from None
+        return found
 
-    def unary(self, method: str, request):
-        return self._call("unary", _world_or_none(request), method, request)
+    def adopt(self, addresses: list[str], peers: list[str]) -> None:
+        """The set to hash over: the servers' own replica set when they report one, else the addresses."""
+        self.targets = list(peers) or addresses
+        self._checked = time.monotonic()
 
-    def query(self, method: str, requests: list):
-        return self._call("query", _world_or_none(requests[0]), method, requests)
 
-    def upload(self, method: str, requests: list):
-        return self._call("upload", _world_or_none(requests[0]), method, requests)
-
-    def stream(self, requests, world: str):
-        return self._at(world).stream(requests, world)
-
-    def watch(self, request):
-        return self._at(world_of(request)).watch(request)
-
-    def close(self) -> None:
-        for transport in self._transports():
-            transport.close()
+def merged_worlds(answers) -> pb.ListWorldsResponse:
+    """Every server's worlds, by name; a world caught between two servers by a move is listed once,
+    as the server that serves it sees it."""
+    found: dict[str, pb.WorldInfo] = {}
+    for answer in answers:
+        for info in answer.worlds:
+            if info.name not in found or found[info.name].moving_to:
+                found[info.name] = info
+    return pb.ListWorldsResponse(worlds=[found[name] for name in sorted(found)])
 
 
 class RoutedTransport:
     """A transport per target, each call on the one that owns its world."""
 
-    def __init__(self, targets: list[str], make_transport):
-        if not targets or len(set(targets)) != len(targets):
-            raise ValueError(f"a routed client needs distinct targets, not {targets!r}")
-        self.targets = list(targets)
-        self._transports = {target: FollowingTransport(target, make_transport) for target in self.targets}
+    def __init__(self, targets: list[str] | str, make_transport):
+        self.ring = Ring(targets)
+        self._make = make_transport
+        self._transports: dict[str, FollowingTransport] = {}
 
-    def _for(self, name: str):
-        return self._transports[owner(name, self.targets)]
+    def _transport(self, target: str) -> FollowingTransport:
+        if target not in self._transports:
+            self._transports[target] = FollowingTransport(target, self._make)
+        return self._transports[target]
+
+    def _refresh(self) -> None:
+        addresses = self.ring.addresses()
+        peers: list[str] = []
+        for address in addresses:
+            try:
+                peers = list(self._transport(address).unary("GetServerInfo", pb.GetServerInfoRequest()).peers)
+                break
+            except Unavailable:
+                continue
+        self.ring.adopt(addresses, peers)
+
+    def _targets(self) -> list[str]:
+        if self.ring.stale:
+            self._refresh()
+        return self.ring.targets
+
+    def _on_owner(self, name: str, method: str, *args):
+        """`method(*args)` on the owner of world `name`; when that server cannot be reached and the ring
+        comes from DNS, the name is looked up again and the call made once more if the owner changed."""
+        target = owner(name, self._targets())
+        try:
+            return getattr(self._transport(target), method)(*args)
+        except Unavailable as failure:
+            if self.ring.name is None or type(failure) is not Unavailable:
+                raise
+            self._refresh()
+            if owner(name, self.ring.targets) == target:
+                raise
+            return getattr(self._transport(owner(name, self.ring.targets)), method)(*args)
 
     def unary(self, method: str, request):
         if method == "ListWorlds":
-            worlds = [info for transport in self._transports.values()
-                      for info in transport.unary(method, request).worlds]
-            return pb.ListWorldsResponse(worlds=sorted(worlds, key=lambda info: info.name))
+            return merged_worlds(self._transport(target).unary(method, request) for target in self._targets())
         if method == "GetServerInfo":
-            return self._transports[self.targets[0]].unary(method, request)
-        _check_overlap(method, request, self.targets)
-        return self._for(world_of(request)).unary(method, request)
+            return self._transport(self._targets()[0]).unary(method, request)
+        _check_overlap(method, request, self._targets())
+        return self._on_owner(world_of(request), "unary", method, request)
 
     def query(self, method: str, requests: list):
         if method == "Overlap":
             return self.unary(method, requests[0])
-        return self._for(world_of(requests[0])).query(method, requests)
+        return self._on_owner(world_of(requests[0]), "query", method, requests)
 
     def upload(self, method: str, requests: list):
-        return self._for(world_of(requests[0])).upload(method, requests)
+        return self._on_owner(world_of(requests[0]), "upload", method, requests)
 
     def stream(self, requests, world: str):
-        return self._for(world).stream(requests, world)
+        return self._transport(owner(world, self._targets())).stream(requests, world)
 
     def watch(self, request):
-        return self._for(world_of(request)).watch(request)
+        return self._transport(owner(world_of(request), self._targets())).watch(request)
 
     def close(self) -> None:
         for transport in self._transports.values():
             transport.close()
 
 
-class AsyncFollowingTransport(_Redirects):
-    """`FollowingTransport` for `AsyncClient`."""
-
-    async def _call(self, method: str, world: str | None, *args):
-        try:
-            return await getattr(self._at(world), method)(*args)
-        except WrongServer as moved:
-            if world is None:
-                raise
-            return await getattr(self._learn(world, moved), method)(*args)
-
-    async def unary(self, method: str, request):
-        return await self._call("unary", _world_or_none(request), method, request)
-
-    async def query(self, method: str, requests: list):
-        return await self._call("query", _world_or_none(requests[0]), method, requests)
-
-    async def upload(self, method: str, requests: list):
-        return await self._call("upload", _world_or_none(requests[0]), method, requests)
-
-    def open_stream(self, world: str):
-        return self._at(world).open_stream(world)
-
-    async def watch(self, request):
-        return await self._at(world_of(request)).watch(request)
-
-    async def close(self) -> None:
-        for transport in self._transports():
-            await transport.close()
-
-
 class AsyncRoutedTransport:
     """`RoutedTransport` for `AsyncClient`."""
 
-    def __init__(self, targets: list[str], make_transport):
-        if not targets or len(set(targets)) != len(targets):
-            raise ValueError(f"a routed client needs distinct targets, not {targets!r}")
-        self.targets = list(targets)
-        self._transports = {target: AsyncFollowingTransport(target, make_transport) for target in self.targets}
+    def __init__(self, targets: list[str] | str, make_transport):
+        self.ring = Ring(targets)
+        self._make = make_transport
+        self._transports: dict[str, AsyncFollowingTransport] = {}
 
-    def _for(self, name: str):
-        return self._transports[owner(name, self.targets)]
+    def _transport(self, target: str) -> AsyncFollowingTransport:
+        if target not in self._transports:
+            self._transports[target] = AsyncFollowingTransport(target, self._make)
+        return self._transports[target]
+
+    async def _refresh(self) -> None:
+        addresses = self.ring.addresses()
+        peers: list[str] = []
+        for address in addresses:
+            try:
+                peers = list((await self._transport(address).unary("GetServerInfo", pb.GetServerInfoRequest())).peers)
+                break
+            except Unavailable:
+                continue
+        self.ring.adopt(addresses, peers)
+
+    async def _targets(self) -> list[str]:
+        if self.ring.stale:
+            await self._refresh()
+        return self.ring.targets
+
+    async def _on_owner(self, name: str, method: str, *args):
+        target = owner(name, await self._targets())
+        try:
+            return await getattr(self._transport(target), method)(*args)
+        except Unavailable as failure:
+            if self.ring.name is None or type(failure) is not Unavailable:
+                raise
+            await self._refresh()
+            if owner(name, self.ring.targets) == target:
+                raise
+            return await getattr(self._transport(owner(name, self.ring.targets)), method)(*args)
 
     async def unary(self, method: str, request):
+        targets = await self._targets()
         if method == "ListWorlds":
-            worlds = [info for transport in self._transports.values()
-                      for info in (await transport.unary(method, request)).worlds]
-            return pb.ListWorldsResponse(worlds=sorted(worlds, key=lambda info: info.name))
+            return merged_worlds([await self._transport(target).unary(method, request) for target in targets])
         if method == "GetServerInfo":
-            return await self._transports[self.targets[0]].unary(method, request)
-        _check_overlap(method, request, self.targets)
-        return await self._for(world_of(request)).unary(method, request)
+            return await self._transport(targets[0]).unary(method, request)
+        _check_overlap(method, request, targets)
+        return await self._on_owner(world_of(request), "unary", method, request)
 
     async def query(self, method: str, requests: list):
         if method == "Overlap":
             return await self.unary(method, requests[0])
-        return await self._for(world_of(requests[0])).query(method, requests)
+        return await self._on_owner(world_of(requests[0]), "query", method, requests)
 
     async def upload(self, method: str, requests: list):
-        return await self._for(world_of(requests[0])).upload(method, requests)
+        return await self._on_owner(world_of(requests[0]), "upload", method, requests)
 
     def open_stream(self, world: str):
-        return self._for(world).open_stream(world)
+        # Opening a stream is synchronous: it uses the ring as it is (a new client's first call
+        # looks the name up, and a stream is opened on a world already created or found).
+        if not self.ring.targets:
+            raise Unavailable(f"the servers behind {self.ring.name} are not known yet: make a call first")
+        return self._transport(owner(world, self.ring.targets)).open_stream(world)
 
     async def watch(self, request):
-        return await self._for(world_of(request)).watch(request)
+        return await self._transport(owner(world_of(request), await self._targets())).watch(request)
 
     async def close(self) -> None:
         for transport in self._transports.values():

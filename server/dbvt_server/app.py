@@ -21,6 +21,7 @@ from dbvt_server.config import Config, is_unix, split_address, unix_path
 from dbvt_server.logs import Rejections
 from dbvt_server.metrics import Metrics, MetricsEndpoint
 from dbvt_server.persistence import Store
+from dbvt_server.replicas import RESOLVE_SECONDS, Replicas
 from dbvt_server.service import Limits, Service
 from dbvt_server.servicer import BroadphaseServicer, add_to_server
 from dbvt_server.tls import ServerTls
@@ -55,6 +56,8 @@ class Running:
     metrics: Metrics | None = None
     metrics_endpoint: MetricsEndpoint | None = None
     snapshots: asyncio.Task | None = None
+    # Looking a DNS replica set (--peers dns:///...) up again, periodically.
+    resolving: asyncio.Task | None = None
     addresses: tuple[str, ...] = ()
 
     @property
@@ -95,6 +98,8 @@ class Running:
         if self.health_server is not None:
             await self.health_server.stop(None)
         await self.server.stop(grace)
+        if self.resolving is not None:
+            self.resolving.cancel()
         waited = time.monotonic()
         self.executor.shutdown(wait=True)
         waited = time.monotonic() - waited
@@ -125,8 +130,9 @@ async def create_server(config: Config) -> Running:
     limits = Limits(config.max_worlds, config.max_proxies_per_world, config.max_message_bytes,
                     config.max_staged_bytes, config.max_queued_per_world, config.max_pairs_per_world,
                     config.max_hits_per_call, config.watch_history, config.max_watch_backlog)
-    service = Service(limits, Store(config.data_dir, config.fsync) if config.data_dir else None, config.peers,
-                      config.advertise)
+    replicas = Replicas(config.peers, config.advertise)
+    replicas.refresh()
+    service = Service(limits, Store(config.data_dir, config.fsync) if config.data_dir else None, replicas)
     if service.store is not None:
         _restore(service)
     executor = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="dbvt-world")
@@ -172,6 +178,8 @@ async def create_server(config: Config) -> Running:
         await running.health_server.start()
     if service.store is not None:
         running.snapshots = asyncio.create_task(_snapshot_periodically(servicer, config.snapshot_seconds))
+    if replicas.resolved_by_dns:
+        running.resolving = asyncio.create_task(_resolve_periodically(replicas))
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     return running
@@ -190,6 +198,12 @@ def _restore(service: Service) -> None:
         raise
     log.info("restored %d worlds from %s in %.2f s (fsync %s)", len(restored), store.path,
              time.monotonic() - started, store.fsync)
+
+
+async def _resolve_periodically(replicas: Replicas) -> None:
+    while True:
+        await asyncio.sleep(RESOLVE_SECONDS)
+        await asyncio.to_thread(replicas.refresh)
 
 
 async def _snapshot_periodically(servicer: BroadphaseServicer, seconds: float) -> None:

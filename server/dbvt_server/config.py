@@ -8,6 +8,7 @@ import os
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
+from dbvt_client.routing import is_dns
 from dbvt_server import __version__
 
 MIB = 1 << 20
@@ -124,7 +125,7 @@ SETTINGS = [
     Setting("host", "DBVT_HOST", str, "address to listen on (0.0.0.0 for every interface)"),
     Setting("listen", "DBVT_LISTEN", str,
             "listen on exactly this address instead of --host/--port: host:port, or unix:///path/to.sock for a "
-            "Unix socket (a game server's sidecar); repeat it for several", listen_address,
+            "Unix socket (a game server's sidecar); repeat it, or give several comma-separated", listen_address,
             "must be host:port or unix:///path", stated_default="none: --host and --port", many=True),
     Setting("port", "DBVT_PORT", int, "TCP port; 0 picks a free one (the start-up log line names it)",
             lambda port: 0 <= port <= 65535, "must be between 0 and 65535"),
@@ -183,9 +184,10 @@ SETTINGS = [
             lambda address: split_address(address) is not None, "must be HOST:PORT, such as 0.0.0.0:9464",
             stated_default="none, off"),
     Setting("peers", "DBVT_PEERS", str,
-            "every server of the replica set as host:port (this one too, as --advertise names it): a world "
-            "belongs to the one its name hashes to, and a call for a world this server neither holds nor "
-            "owns is answered FAILED_PRECONDITION naming the owner (dbvt-owner)",
+            "every server of the replica set as host:port (this one too, as --advertise names it), or one "
+            "DNS name, dns:///name:port, resolved to all of them and again every 30 s: a world belongs to the "
+            "one its name hashes to, and a call for a world this server neither holds nor owns is answered "
+            "FAILED_PRECONDITION naming the owner (dbvt-owner)",
             lambda address: split_address(address) is not None, "must be host:port",
             stated_default="none: every world is this server's", many=True),
     Setting("advertise", "DBVT_ADVERTISE", str, "this server's own host:port among --peers",
@@ -234,7 +236,7 @@ def parse(argv: list[str] | None = None, environ=os.environ) -> Config:
     for setting in SETTINGS:
         flag = getattr(flags, setting.name)
         if flag is not None:
-            given = flag if setting.many else [flag]
+            given = [part.strip() for value in flag for part in value.split(",")] if setting.many else [flag]
             sources = [f"--{setting.name.replace('_', '-')} {value}" for value in given]
         elif setting.env in environ:
             raw = environ[setting.env]
@@ -252,6 +254,9 @@ def parse(argv: list[str] | None = None, environ=os.environ) -> Config:
     for setting, needed in NEEDS.items():
         if setting in values and needed not in values:
             parser.error(f"--{setting.replace('_', '-')} needs --{needed.replace('_', '-')} as well")
-    if "advertise" in values and values["advertise"] not in values["peers"]:
-        parser.error(f"--advertise {values['advertise']} must be one of --peers {','.join(values['peers'])}")
+    peers = values.get("peers", ())
+    if any(is_dns(peer) for peer in peers) and len(peers) > 1:
+        parser.error(f"--peers takes host:port addresses or one dns:/// name, not both: {','.join(peers)}")
+    if "advertise" in values and not is_dns(peers[0]) and values["advertise"] not in peers:
+        parser.error(f"--advertise {values['advertise']} must be one of --peers {','.join(peers)}")
     return Config(**values)

@@ -6,6 +6,7 @@
       worlds/<dir>/             one per persistent world (<dir>: the name made safe, and a hash of it)
         snapshot-<tick>.dbvt    world images (dbvt_server.images); the newest two are kept
         journal-<tick>.log      the batches after <tick> (dbvt_server.journal)
+        MOVING                  while the world is being moved to another server: its host:port
       quarantine/               what could not be restored, moved aside for an operator
       trash/                    deleted worlds, removed in the background
 
@@ -49,6 +50,7 @@ KEPT_SNAPSHOTS = 2
 MIN_JOURNAL_BYTES = 1 << 20
 SNAPSHOT = re.compile(r"snapshot-(\d{20})\.dbvt")
 SEGMENT = re.compile(r"journal-(\d{20})\.log")
+MOVING = "MOVING"
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
 
@@ -203,12 +205,23 @@ class WorldFiles:
 
     def discard(self) -> None:
         """The world was deleted: its files go to the trash at once (so the name is free), and are
-        removed after any snapshot still being written."""
+        removed after any snapshot still being written. The rename is made durable: a world moved away
+        must not come back here after a crash."""
         self.discarded = True
         self.journal.close(sync=False)
         trash = os.path.join(self.store.path, "trash", f"{os.path.basename(self.directory)}-{secrets.token_hex(4)}")
         os.replace(self.directory, trash)
+        sync_directory(os.path.dirname(self.directory))
         self.store.writer.submit(shutil.rmtree, trash, True)
+
+    def mark_moving(self, destination: str) -> None:
+        """The world's move on disk before it is answered, so that a restart brings the world back
+        frozen (still moving), never served here while another server may already serve it."""
+        _write_file(os.path.join(self.directory, MOVING), [destination.encode()])
+
+    def clear_moving(self) -> None:
+        os.unlink(os.path.join(self.directory, MOVING))
+        sync_directory(self.directory)
 
     def close(self) -> None:
         self.journal.close(sync=self.store.fsync != "no")
@@ -351,6 +364,11 @@ class Store:
                       directory, len(snapshots), os.path.join(self.path, "quarantine"))
             return None
         world = make_world(image)
+        if os.path.exists(os.path.join(directory, MOVING)):
+            with open(os.path.join(directory, MOVING)) as file:
+                world.moving_to = file.read()
+            log.warning("world %s is being moved to %s: it stays frozen until the move is finished "
+                        "(dbvt-admin rebalance)", shown(world.name), world.moving_to)
         snapshot_tick = world.tick
         lost, replayed = self._replay(world, directory)
         if self.unsynced_policy is not None:

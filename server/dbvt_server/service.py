@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from dbvt_client.errors import (AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted,
-                                WrongServer, quoted)
-from dbvt_client.routing import owner
+from dbvt_client.errors import (AlreadyExists, DbvtError, FailedPrecondition, InvalidArgument, Moving, NotFound,
+                                ResourceExhausted, Unavailable, WrongServer, quoted)
 from dbvt_proto.v1 import broadphase_pb2 as pb
 from dbvt_server import __version__, images
+from dbvt_server.config import split_address
 from dbvt_server.persistence import Store, new_incarnation
+from dbvt_server.replicas import Replicas
 from dbvt_server.staging import StagedBytes
 from dbvt_server.watch import SensorFeed
 from dbvt_server.worlds import WORLD_RPCS, World, overlap
@@ -49,11 +50,12 @@ class Limits:
 
 
 class Service:
-    def __init__(self, limits: Limits, store: Store | None = None, peers: tuple[str, ...] = (),
-                 advertise: str | None = None):
+    def __init__(self, limits: Limits, store: Store | None = None, replicas: Replicas | None = None):
         self.limits = limits
         # The replica set and this server in it (--peers, --advertise): a world belongs to one of them.
-        self.peers, self.advertise = list(peers), advertise
+        self.replicas = replicas or Replicas()
+        # Where worlds moved away from here went: calls for them are redirected there.
+        self._moved: dict[str, str] = {}
         # The data directory, when worlds are kept across restarts (--data-dir).
         self.store = store
         self._worlds: dict[str, World] = {}
@@ -67,6 +69,14 @@ class Service:
         return list(self._worlds.values())
 
     def world(self, name: str) -> World:
+        """The world to serve a call on: Moving while it moves, WrongServer or NotFound when not here."""
+        world = self.held(name)
+        if world.moving_to:
+            raise Moving(f"world {quoted(name)} is moving to {world.moving_to}; retry", world.moving_to)
+        return world
+
+    def held(self, name: str) -> World:
+        """The world, moving or not (what the mover reads)."""
         try:
             return self._worlds[name]
         except KeyError:
@@ -74,11 +84,14 @@ class Service:
             raise NotFound(f"no world named {quoted(name)}") from None
 
     def _check_owned(self, name: str) -> None:
-        """WrongServer when the world belongs to another server of the replica set. A world held here
-        is served here whoever owns it (until it is moved)."""
-        if self.peers and (found := owner(name, self.peers)) != self.advertise:
-            raise WrongServer(f"world {quoted(name)} belongs to {found}, not to this server ({self.advertise})",
-                              found)
+        """WrongServer when the world moved away, or belongs to another server of the replica set. A
+        world held here is served here whoever owns it (until it is moved)."""
+        if name in self._moved:
+            raise WrongServer(f"world {quoted(name)} was moved to {self._moved[name]}", self._moved[name])
+        found = self.replicas.owner(name)
+        if found is not None and found != self.replicas.advertise:
+            raise WrongServer(f"world {quoted(name)} belongs to {found}, not to this server "
+                              f"({self.replicas.advertise})", found)
 
     def server_info(self, request: pb.GetServerInfoRequest) -> pb.GetServerInfoResponse:
         return pb.GetServerInfoResponse(version=__version__, max_message_bytes=self.limits.max_message_bytes,
@@ -87,7 +100,8 @@ class Service:
                                         max_pairs_per_world=self.limits.max_pairs_per_world,
                                         max_hits_per_call=self.limits.max_hits_per_call,
                                         persistent=self.store is not None,
-                                        fsync=self.store.fsync if self.store else "")
+                                        fsync=self.store.fsync if self.store else "",
+                                        peers=self.replicas.members, advertise=self.replicas.advertise or "")
 
     def create_world(self, request: pb.CreateWorldRequest) -> pb.CreateWorldResponse:
         name = request.name
@@ -163,14 +177,54 @@ class Service:
         return world
 
     def delete_world(self, request: pb.DeleteWorldRequest) -> pb.DeleteWorldResponse:
-        world = self.world(request.name)
-        del self._worlds[request.name]
-        world.feed.close(NotFound(f"world {quoted(world.name)} was deleted"))
+        self._drop(self.world(request.name), NotFound(f"world {quoted(request.name)} was deleted"))
+        return pb.DeleteWorldResponse()
+
+    def _drop(self, world: World, why: DbvtError) -> None:
+        """The world out of the registry and its files discarded; its watchers told `why`."""
+        del self._worlds[world.name]
+        world.feed.close(why)
         if world.files is not None:
             self.store.forget(world.files)
             world.files.discard()
             world.files = None
-        return pb.DeleteWorldResponse()
+
+    # ---- moves to another server (dbvt-admin rebalance) ----------------------------------------
+    def begin_move(self, request: pb.BeginMoveRequest) -> World:
+        """The world frozen for its move: refused to every call from now on, across restarts too."""
+        world = self.held(request.world)
+        if world.moving_to == request.destination:
+            return world
+        if world.moving_to:
+            raise FailedPrecondition(f"world {quoted(world.name)} is already moving to {world.moving_to}")
+        if split_address(request.destination) is None:
+            raise InvalidArgument(f"the destination must be host:port, not {request.destination!r}")
+        if request.destination == self.replicas.advertise:
+            raise InvalidArgument(f"world {quoted(world.name)} is already on {request.destination}")
+        if world.files is not None:
+            try:
+                world.files.mark_moving(request.destination)
+            except OSError as exc:
+                raise Unavailable(f"cannot record the move of world {quoted(world.name)}: {exc.strerror or exc}; "
+                                  "it was not started") from None
+        world.moving_to = request.destination
+        return world
+
+    def finish_move(self, request: pb.FinishMoveRequest) -> pb.FinishMoveResponse:
+        """The moved world deleted here, and calls for it redirected to where it went; or, with
+        `cancel`, served here again."""
+        world = self.held(request.world)
+        if not world.moving_to:
+            raise FailedPrecondition(f"world {quoted(world.name)} is not moving")
+        destination = world.moving_to
+        if request.cancel:
+            if world.files is not None:
+                world.files.clear_moving()
+            world.moving_to = ""
+            return pb.FinishMoveResponse()
+        self._drop(world, WrongServer(f"world {quoted(world.name)} was moved to {destination}", destination))
+        self._moved[world.name] = destination
+        return pb.FinishMoveResponse()
 
     # ---- restarts, snapshots, export and import ------------------------------------------------
     def restore(self) -> list[World]:
@@ -244,6 +298,7 @@ class Service:
         """The reserved name freed, and the imported world (None: the import failed) registered."""
         self._arriving.discard(name)
         if world is not None:
+            self._moved.pop(name, None)     # a world moved back
             self._adopt(world)
 
     def list_worlds(self, request: pb.ListWorldsRequest, visible=lambda name: True) -> pb.ListWorldsResponse:

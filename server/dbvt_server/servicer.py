@@ -4,8 +4,8 @@ Each world has one queue of operations (dbvt_server.world_queue): calls on one w
 time, in the order they arrived. The work itself runs on a thread pool, off the event loop, so
 worlds run in parallel (the core releases the GIL). Errors become statuses through the SDK's one
 error table, and each is logged (dbvt_server.logs). Each method first asks `dbvt_server.access` for
-the right it needs (RIGHTS) on the world it names. The RPCs of world images and of sensors are in
-their own mixins (dbvt_server.image_rpcs, dbvt_server.sensor_rpcs).
+the right it needs (RIGHTS) on the world it names. The RPCs of world images, of sensors and of moves
+are in their own mixins (dbvt_server.image_rpcs, dbvt_server.sensor_rpcs, dbvt_server.move_rpcs).
 """
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from dbvt_server.decoding import bytes_or, decoded, tolerant
 from dbvt_server.image_rpcs import ImageRpcs
 from dbvt_server.logs import Rejections, shown
 from dbvt_server.memory import give_back
+from dbvt_server.move_rpcs import MoveRpcs
 from dbvt_server.sensor_rpcs import SensorRpcs
 from dbvt_server.service import Service
 from dbvt_server.staging import STAGED_BYTES_PER_PROXY, BatchStaging, Hold, stream_error, unfinished_error
@@ -40,6 +41,8 @@ RIGHTS = {"GetWorldStats": "read", "QueryAabb": "read", "QuerySphere": "read", "
           "QueryFrustum": "read", "GetPairs": "read", "ApplyBatch": "write", "StreamBatches": "write",
           "SnapshotWorld": "admin", "ExportWorld": "admin", "GetSensorPairs": "read", "WatchSensors": "read",
           "QueryNearest": "read", "CastBox": "read", "CastSphere": "read", "Overlap": "read"}
+# The world RPCs that also reach a world being moved: what its mover reads.
+MOVER_RPCS = {"ExportWorld"}
 # The query RPCs, by the name of their field in a QueryRequest part.
 QUERY_KINDS = {"aabb": "QueryAabb", "sphere": "QuerySphere", "raycast": "Raycast", "frustum": "QueryFrustum",
                "nearest": "QueryNearest", "cast_box": "CastBox", "cast_sphere": "CastSphere"}
@@ -60,7 +63,7 @@ def _timed(function):
     return timed
 
 
-class BroadphaseServicer(ImageRpcs, SensorRpcs, pb_grpc.BroadphaseServiceServicer):
+class BroadphaseServicer(ImageRpcs, SensorRpcs, MoveRpcs, pb_grpc.BroadphaseServiceServicer):
     def __init__(self, service: Service, executor: Executor, rejections: Rejections):
         self.service = service
         # Batch streams open now (on the event loop's thread only).
@@ -117,8 +120,8 @@ class BroadphaseServicer(ImageRpcs, SensorRpcs, pb_grpc.BroadphaseServiceService
         try:
             decoded(request)
             access.require(RIGHTS[method], request.world)
-            return await self._start(self.service.world(request.world), self._world_functions[method], request,
-                                     _deadline(context))
+            world = self.service.held(request.world) if method in MOVER_RPCS else self.service.world(request.world)
+            return await self._start(world, self._world_functions[method], request, _deadline(context))
         except Exception as exc:
             await self._abort(context, method, request, exc)
 

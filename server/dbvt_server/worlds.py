@@ -58,6 +58,9 @@ class World:
         # Random at creation; a new one whenever the world's history is lost (see docs/operations.md).
         self.incarnation = incarnation
         self.ephemeral = ephemeral
+        # The server it is being moved to (host:port), while it moves: every call but the mover's is
+        # refused (Moving).
+        self.moving_to = ""
         # dbvt_server.persistence.WorldFiles of a world kept in the data directory: every batch is
         # journaled before it is applied.
         self.files = None
@@ -82,7 +85,7 @@ class World:
         return pb.WorldInfo(name=self.name, dims=self.dims, margin=self.margin, max_proxies=self.max_proxies,
                             proxies=len(self.broadphase), tick=self.tick, track_pairs=self.track_pairs,
                             max_pairs=self.max_pairs, incarnation=self.incarnation, ephemeral=self.ephemeral,
-                            sensor_margin=self.sensor_margin)
+                            sensor_margin=self.sensor_margin, moving_to=self.moving_to)
 
     def stats(self, request: pb.GetWorldStatsRequest) -> pb.GetWorldStatsResponse:
         counts, measures = {}, {}

@@ -90,6 +90,8 @@ class GetServerInfoResponse(_message.Message):
     MAX_HITS_PER_CALL_FIELD_NUMBER: _builtins.int
     PERSISTENT_FIELD_NUMBER: _builtins.int
     FSYNC_FIELD_NUMBER: _builtins.int
+    PEERS_FIELD_NUMBER: _builtins.int
+    ADVERTISE_FIELD_NUMBER: _builtins.int
     version: _builtins.str
     max_message_bytes: _builtins.int
     """The largest request message the server accepts, in bytes."""
@@ -103,6 +105,13 @@ class GetServerInfoResponse(_message.Message):
     ("always", "everysec" or "no"; empty without a data directory).
     """
     fsync: _builtins.str
+    advertise: _builtins.str
+    @_builtins.property
+    def peers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The replica set this server routes by (--peers, resolved when a DNS name), and its own address in
+        it (--advertise); empty when every world is this server's. Routed clients hash over `peers`.
+        """
+
     def __init__(
         self,
         *,
@@ -114,10 +123,12 @@ class GetServerInfoResponse(_message.Message):
         max_hits_per_call: _builtins.int = ...,
         persistent: _builtins.bool = ...,
         fsync: _builtins.str = ...,
+        peers: _abc.Iterable[_builtins.str] | None = ...,
+        advertise: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["fsync", b"fsync", "max_hits_per_call", b"max_hits_per_call", "max_message_bytes", b"max_message_bytes", "max_pairs_per_world", b"max_pairs_per_world", "max_proxies_per_world", b"max_proxies_per_world", "max_worlds", b"max_worlds", "persistent", b"persistent", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["advertise", b"advertise", "fsync", b"fsync", "max_hits_per_call", b"max_hits_per_call", "max_message_bytes", b"max_message_bytes", "max_pairs_per_world", b"max_pairs_per_world", "max_proxies_per_world", b"max_proxies_per_world", "max_worlds", b"max_worlds", "peers", b"peers", "persistent", b"persistent", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -306,6 +317,7 @@ class WorldInfo(_message.Message):
     INCARNATION_FIELD_NUMBER: _builtins.int
     EPHEMERAL_FIELD_NUMBER: _builtins.int
     SENSOR_MARGIN_FIELD_NUMBER: _builtins.int
+    MOVING_TO_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     dims: _builtins.int
     margin: _builtins.float
@@ -323,6 +335,8 @@ class WorldInfo(_message.Message):
     """
     ephemeral: _builtins.bool
     sensor_margin: _builtins.float
+    moving_to: _builtins.str
+    """Being moved to this server (host:port): see BeginMove. Empty when not moving."""
     def __init__(
         self,
         *,
@@ -337,10 +351,11 @@ class WorldInfo(_message.Message):
         incarnation: _builtins.int = ...,
         ephemeral: _builtins.bool = ...,
         sensor_margin: _builtins.float = ...,
+        moving_to: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dims", b"dims", "ephemeral", b"ephemeral", "incarnation", b"incarnation", "margin", b"margin", "max_pairs", b"max_pairs", "max_proxies", b"max_proxies", "name", b"name", "proxies", b"proxies", "sensor_margin", b"sensor_margin", "tick", b"tick", "track_pairs", b"track_pairs"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dims", b"dims", "ephemeral", b"ephemeral", "incarnation", b"incarnation", "margin", b"margin", "max_pairs", b"max_pairs", "max_proxies", b"max_proxies", "moving_to", b"moving_to", "name", b"name", "proxies", b"proxies", "sensor_margin", b"sensor_margin", "tick", b"tick", "track_pairs", b"track_pairs"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1205,6 +1220,89 @@ class ImportWorldResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ImportWorldResponse: _TypeAlias = ImportWorldResponse  # noqa: Y015
+
+@_typing.final
+class BeginMoveRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORLD_FIELD_NUMBER: _builtins.int
+    DESTINATION_FIELD_NUMBER: _builtins.int
+    world: _builtins.str
+    destination: _builtins.str
+    """Where the world goes, as host:port."""
+    def __init__(
+        self,
+        *,
+        world: _builtins.str = ...,
+        destination: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["destination", b"destination", "world", b"world"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BeginMoveRequest: _TypeAlias = BeginMoveRequest  # noqa: Y015
+
+@_typing.final
+class BeginMoveResponse(_message.Message):
+    """The world as it is frozen: its tick and incarnation are what the destination must hold."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORLD_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def world(self) -> Global___WorldInfo: ...
+    def __init__(
+        self,
+        *,
+        world: Global___WorldInfo | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["world", b"world"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["world", b"world"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BeginMoveResponse: _TypeAlias = BeginMoveResponse  # noqa: Y015
+
+@_typing.final
+class FinishMoveRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORLD_FIELD_NUMBER: _builtins.int
+    CANCEL_FIELD_NUMBER: _builtins.int
+    world: _builtins.str
+    cancel: _builtins.bool
+    """Serve the world here again instead of deleting it."""
+    def __init__(
+        self,
+        *,
+        world: _builtins.str = ...,
+        cancel: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "world", b"world"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FinishMoveRequest: _TypeAlias = FinishMoveRequest  # noqa: Y015
+
+@_typing.final
+class FinishMoveResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FinishMoveResponse: _TypeAlias = FinishMoveResponse  # noqa: Y015
 
 @_typing.final
 class GetSensorPairsRequest(_message.Message):

@@ -145,6 +145,16 @@ class BroadphaseServiceStub:
                 request_serializer=dbvt__proto_dot_v1_dot_broadphase__pb2.ImportWorldRequest.SerializeToString,
                 response_deserializer=dbvt__proto_dot_v1_dot_broadphase__pb2.ImportWorldResponse.FromString,
                 _registered_method=True)
+        self.BeginMove = channel.unary_unary(
+                '/dbvt.v1.BroadphaseService/BeginMove',
+                request_serializer=dbvt__proto_dot_v1_dot_broadphase__pb2.BeginMoveRequest.SerializeToString,
+                response_deserializer=dbvt__proto_dot_v1_dot_broadphase__pb2.BeginMoveResponse.FromString,
+                _registered_method=True)
+        self.FinishMove = channel.unary_unary(
+                '/dbvt.v1.BroadphaseService/FinishMove',
+                request_serializer=dbvt__proto_dot_v1_dot_broadphase__pb2.FinishMoveRequest.SerializeToString,
+                response_deserializer=dbvt__proto_dot_v1_dot_broadphase__pb2.FinishMoveResponse.FromString,
+                _registered_method=True)
 
 
 class BroadphaseServiceServicer:
@@ -310,6 +320,23 @@ class BroadphaseServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def BeginMove(self, request, context):
+        """Start moving a world to another server (admin): from then on every other call on it answers
+        UNAVAILABLE ("moving; retry", trailing metadata dbvt-moving naming the destination), across
+        restarts too, until FinishMove. ExportWorld still reads it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FinishMove(self, request, context):
+        """End a move (admin): the world is deleted here, and later calls for it are redirected to the
+        destination; or, with `cancel`, it is served here again.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BroadphaseServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -422,6 +449,16 @@ def add_BroadphaseServiceServicer_to_server(servicer, server):
                     servicer.ImportWorld,
                     request_deserializer=dbvt__proto_dot_v1_dot_broadphase__pb2.ImportWorldRequest.FromString,
                     response_serializer=dbvt__proto_dot_v1_dot_broadphase__pb2.ImportWorldResponse.SerializeToString,
+            ),
+            'BeginMove': grpc.unary_unary_rpc_method_handler(
+                    servicer.BeginMove,
+                    request_deserializer=dbvt__proto_dot_v1_dot_broadphase__pb2.BeginMoveRequest.FromString,
+                    response_serializer=dbvt__proto_dot_v1_dot_broadphase__pb2.BeginMoveResponse.SerializeToString,
+            ),
+            'FinishMove': grpc.unary_unary_rpc_method_handler(
+                    servicer.FinishMove,
+                    request_deserializer=dbvt__proto_dot_v1_dot_broadphase__pb2.FinishMoveRequest.FromString,
+                    response_serializer=dbvt__proto_dot_v1_dot_broadphase__pb2.FinishMoveResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1019,6 +1056,60 @@ class BroadphaseService:
             '/dbvt.v1.BroadphaseService/ImportWorld',
             dbvt__proto_dot_v1_dot_broadphase__pb2.ImportWorldRequest.SerializeToString,
             dbvt__proto_dot_v1_dot_broadphase__pb2.ImportWorldResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BeginMove(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dbvt.v1.BroadphaseService/BeginMove',
+            dbvt__proto_dot_v1_dot_broadphase__pb2.BeginMoveRequest.SerializeToString,
+            dbvt__proto_dot_v1_dot_broadphase__pb2.BeginMoveResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FinishMove(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dbvt.v1.BroadphaseService/FinishMove',
+            dbvt__proto_dot_v1_dot_broadphase__pb2.FinishMoveRequest.SerializeToString,
+            dbvt__proto_dot_v1_dot_broadphase__pb2.FinishMoveResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -110,6 +110,15 @@ class BroadphaseServiceStub:
     """A new world from a world image (admin), sent in parts: validated whole before anything is
     created; keeps the image's tick and incarnation.
     """
+    BeginMove: _grpc.UnaryUnaryMultiCallable[_broadphase_pb2.BeginMoveRequest, _broadphase_pb2.BeginMoveResponse]
+    """Start moving a world to another server (admin): from then on every other call on it answers
+    UNAVAILABLE ("moving; retry", trailing metadata dbvt-moving naming the destination), across
+    restarts too, until FinishMove. ExportWorld still reads it.
+    """
+    FinishMove: _grpc.UnaryUnaryMultiCallable[_broadphase_pb2.FinishMoveRequest, _broadphase_pb2.FinishMoveResponse]
+    """End a move (admin): the world is deleted here, and later calls for it are redirected to the
+    destination; or, with `cancel`, it is served here again.
+    """
 
 @_typing.type_check_only
 class BroadphaseServiceAsyncStub(BroadphaseServiceStub):
@@ -171,6 +180,15 @@ class BroadphaseServiceAsyncStub(BroadphaseServiceStub):
     ImportWorld: _aio.StreamUnaryMultiCallable[_broadphase_pb2.ImportWorldRequest, _broadphase_pb2.ImportWorldResponse]  # type: ignore[assignment]
     """A new world from a world image (admin), sent in parts: validated whole before anything is
     created; keeps the image's tick and incarnation.
+    """
+    BeginMove: _aio.UnaryUnaryMultiCallable[_broadphase_pb2.BeginMoveRequest, _broadphase_pb2.BeginMoveResponse]  # type: ignore[assignment]
+    """Start moving a world to another server (admin): from then on every other call on it answers
+    UNAVAILABLE ("moving; retry", trailing metadata dbvt-moving naming the destination), across
+    restarts too, until FinishMove. ExportWorld still reads it.
+    """
+    FinishMove: _aio.UnaryUnaryMultiCallable[_broadphase_pb2.FinishMoveRequest, _broadphase_pb2.FinishMoveResponse]  # type: ignore[assignment]
+    """End a move (admin): the world is deleted here, and later calls for it are redirected to the
+    destination; or, with `cancel`, it is served here again.
     """
 
 class BroadphaseServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -362,6 +380,27 @@ class BroadphaseServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_broadphase_pb2.ImportWorldResponse, _abc.Awaitable[_broadphase_pb2.ImportWorldResponse]]:
         """A new world from a world image (admin), sent in parts: validated whole before anything is
         created; keeps the image's tick and incarnation.
+        """
+
+    @_abc_1.abstractmethod
+    def BeginMove(
+        self,
+        request: _broadphase_pb2.BeginMoveRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broadphase_pb2.BeginMoveResponse, _abc.Awaitable[_broadphase_pb2.BeginMoveResponse]]:
+        """Start moving a world to another server (admin): from then on every other call on it answers
+        UNAVAILABLE ("moving; retry", trailing metadata dbvt-moving naming the destination), across
+        restarts too, until FinishMove. ExportWorld still reads it.
+        """
+
+    @_abc_1.abstractmethod
+    def FinishMove(
+        self,
+        request: _broadphase_pb2.FinishMoveRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broadphase_pb2.FinishMoveResponse, _abc.Awaitable[_broadphase_pb2.FinishMoveResponse]]:
+        """End a move (admin): the world is deleted here, and later calls for it are redirected to the
+        destination; or, with `cancel`, it is served here again.
         """
 
 def add_BroadphaseServiceServicer_to_server(servicer: BroadphaseServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1,0 +1,274 @@
+"""Worlds moved between replicas: BeginMove and FinishMove, `dbvt-admin rebalance` after a fourth server
+joins, the SDK retrying calls on a moving world, and routing by a DNS name.
+
+A moved world answers as it did before (same tick, incarnation, pairs and query answers); a world is
+never served by two servers; a move cut short is finished by running the rebalance again.
+"""
+from __future__ import annotations
+
+import io
+import socket
+import threading
+import time
+
+import grpc
+import numpy as np
+import pytest
+
+from dbvt_client import Client, FailedPrecondition, InvalidArgument, Moving, Unavailable, WorldInfo, WrongServer
+from dbvt_client.routing import owner
+from dbvt_proto.v1 import broadphase_pb2 as pb
+from dbvt_proto.v1 import broadphase_pb2_grpc as pb_grpc
+from dbvt_server import admin
+from dbvt_server.rebalance import MoveConflict, rebalance
+from servers import ServerThread
+from test_sdk_routing import free_ports
+from worlds import W1World
+
+
+def fill(world, seed: int) -> W1World:
+    scene = W1World(200, dims=3, seed=seed)
+    world.apply(create=(scene.ids, scene.boxes.astype(np.float32)))
+    for _ in range(3):
+        world.apply(move=scene.step())
+    scene.probes = scene.query_boxes(10, half=8.0).astype(np.float32)
+    return scene
+
+
+def answers(world, scene: W1World) -> tuple:
+    info = world.info()
+    return (info.tick, info.incarnation, info.proxies, world.pairs().tobytes(),
+            world.query_aabb(scene.probes).hits.tobytes())
+
+
+class Joined:
+    """Three servers that know each other (--peers, --advertise), and a fourth that joins: it knows all
+    four; the three still know only themselves until they are restarted, as during a rolling update."""
+
+    def __init__(self):
+        self.targets = [f"127.0.0.1:{port}" for port in free_ports(4)]
+        self.old, self.new = self.targets[:3], self.targets[3]
+        self.servers = [ServerThread(port=int(target.rpartition(":")[2]), advertise=target,
+                                     peers=tuple(self.targets if target == self.new else self.old))
+                        for target in self.targets]
+
+    def names(self, prefix: str, count: int, moving: bool = True) -> list[str]:
+        """World names whose owner changes (or, `moving` False, does not) when the fourth joins."""
+        found = (f"{prefix}-{i}" for i in range(10_000))
+        return [name for name in found if (owner(name, self.targets) == self.new) == moving][:count]
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.stop()
+
+
+@pytest.fixture
+def joined():
+    replicas = Joined()
+    yield replicas
+    replicas.stop()
+
+
+def held(target: str) -> dict[str, WorldInfo]:
+    with Client(target) as direct:
+        return {info.name: info for info in direct.list_worlds(details=True)}
+
+
+def quiet(line: str) -> None:
+    pass
+
+
+def test_a_fourth_server_joins_and_rebalance_moves_only_the_worlds_it_now_owns(joined):
+    names = [f"match-{i}" for i in range(24)]
+    with Client(joined.old) as routed:
+        scenes = {name: fill(routed.create_world(name), seed) for seed, name in enumerate(names)}
+        before = {name: answers(routed.world(name), scenes[name]) for name in names}
+    expected = [name for name in names if owner(name, joined.targets) == joined.new]
+    assert expected and all(owner(name, joined.old) != joined.new for name in names)
+
+    said: list[str] = []
+    report = rebalance(joined.targets, Client, say=said.append)
+
+    assert sorted(move.world for move in report.moves) == sorted(expected)
+    assert report.proxies == 200 * len(expected) and len(said) == len(expected)
+    where = {target: held(target) for target in joined.targets}
+    for name in names:
+        holders = [target for target in joined.targets if name in where[target]]
+        assert holders == [owner(name, joined.targets)], (name, holders)
+    with Client(joined.targets) as routed, Client(joined.old) as stale:
+        for name in names:
+            assert answers(routed.world(name), scenes[name]) == before[name], name
+            # A client that knows only the old servers is redirected to where a world went.
+            assert answers(stale.world(name), scenes[name]) == before[name], name
+    assert rebalance(joined.targets, Client, say=said.append).moves == []
+
+
+def test_a_moving_world_answers_unavailable_naming_its_destination_and_the_sdk_waits_it_out(joined):
+    name = joined.names("arena", 1)[0]
+    source = owner(name, joined.old)
+    with Client(source) as client:
+        scene = fill(client.create_world(name), seed=7)
+        expected = answers(client.world(name), scene)
+        frozen = client.world(name).begin_move(joined.new)
+        assert (frozen.tick, frozen.moving_to) == (4, joined.new)
+        with grpc.insecure_channel(source) as channel:
+            with pytest.raises(grpc.RpcError) as refused:
+                pb_grpc.BroadphaseServiceStub(channel).GetWorldStats(pb.GetWorldStatsRequest(world=name), timeout=10)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert refused.value.details() == f"world {name!r} is moving to {joined.new}; retry"
+        assert dict(refused.value.trailing_metadata())["dbvt-moving"] == joined.new
+
+        waited: dict = {}
+
+        def call_while_moving():
+            started = time.monotonic()
+            waited["answers"] = answers(client.world(name), scene)
+            waited["seconds"] = time.monotonic() - started
+
+        caller = threading.Thread(target=call_while_moving)
+        caller.start()
+        time.sleep(0.3)
+        assert caller.is_alive(), "a call on a moving world waits for the move"
+        report = rebalance(joined.targets, Client, say=quiet)
+        caller.join(30)
+    assert [move.world for move in report.moves] == [name]
+    assert waited["answers"] == expected and waited["seconds"] >= 0.3
+    assert name in held(joined.new) and name not in held(source)
+
+
+def test_a_move_cut_short_after_any_step_is_finished_by_running_the_rebalance_again(joined):
+    names = joined.names("lobby", 2)
+    with Client(joined.old) as routed, Client(joined.new) as there:
+        scenes = [fill(routed.create_world(name), seed) for seed, name in enumerate(names)]
+        expected = [answers(routed.world(name), scene) for name, scene in zip(names, scenes)]
+        # The mover stopped after freezing the first, and after copying the second.
+        routed.world(names[0]).begin_move(joined.new)
+        routed.world(names[1]).begin_move(joined.new)
+        image = io.BytesIO()
+        routed.world(names[1]).export(image)
+        image.seek(0)
+        there.import_world(names[1], image)
+    report = rebalance(joined.targets, Client, say=quiet)
+    assert sorted((move.world, move.copied) for move in report.moves) == [(names[0], True), (names[1], False)]
+    with Client(joined.new) as there:
+        for name, scene, answer in zip(names, scenes, expected):
+            assert answers(there.world(name), scene) == answer
+    assert not set(names) & {name for target in joined.old for name in held(target)}
+
+
+def test_a_conflicting_copy_stops_the_move_and_keeps_both(joined):
+    name = joined.names("clash", 1)[0]
+    with Client(joined.old) as routed, Client(joined.new) as there:
+        world = routed.create_world(name)
+        fill(world, seed=1)
+        image = io.BytesIO()
+        world.export(image)
+        image.seek(0)
+        there.import_world(name, image)
+        world.apply(destroy=[int(world.pairs()[0, 0])])
+        with pytest.raises(MoveConflict, match="already holds another world of that name"):
+            rebalance(joined.targets, Client, say=quiet)
+        assert held(owner(name, joined.old))[name].moving_to == joined.new and name in held(joined.new)
+        world.finish_move(cancel=True)
+        assert world.info().tick == 5
+
+
+def test_begin_and_finish_move_refuse_what_makes_no_sense(joined):
+    name = joined.names("odd", 1)[0]
+    source = owner(name, joined.old)
+    with Client(source) as client:
+        world = client.create_world(name)
+        with pytest.raises(FailedPrecondition, match=f"world {name!r} is not moving"):
+            world.finish_move()
+        with pytest.raises(InvalidArgument, match=f"world {name!r} is already on {source}"):
+            world.begin_move(source)
+        world.begin_move(joined.new)
+        other = next(target for target in joined.old if target != source)
+        with pytest.raises(FailedPrecondition, match=f"already moving to {joined.new}"):
+            world.begin_move(other)
+        world.finish_move(cancel=True)
+        assert client.list_worlds(details=True)[0].moving_to == "" and world.info().tick == 0
+
+
+def test_the_old_server_redirects_creates_of_a_world_it_moved_away(joined):
+    name = joined.names("gone", 1)[0]
+    source = owner(name, joined.old)
+    with Client(source) as client:
+        client.create_world(name)
+        rebalance(joined.targets, Client, say=quiet)
+        with grpc.insecure_channel(source) as channel:
+            with pytest.raises(grpc.RpcError) as refused:
+                pb_grpc.BroadphaseServiceStub(channel).CreateWorld(pb.CreateWorldRequest(name=name), timeout=10)
+        assert dict(refused.value.trailing_metadata())["dbvt-owner"] == joined.new
+        assert client.create_world(name, exist_ok=True).info().tick == 0      # followed to where it went
+    assert name in held(joined.new) and name not in held(source)
+
+
+def test_dbvt_admin_rebalance_prints_each_move_and_the_rate(joined, capsys):
+    names = joined.names("cli", 3) + joined.names("stay", 2, moving=False)
+    with Client(joined.old) as routed:
+        for seed, name in enumerate(names):
+            fill(routed.create_world(name), seed)
+    peers = ",".join(joined.targets)
+    assert admin.main(["rebalance", "--peers", peers, "--dry-run"]) == 0
+    planned = capsys.readouterr().out.splitlines()
+    assert sorted(planned) == sorted(f"would move {name!r} (200 proxies) from {owner(name, joined.old)} to "
+                                     f"{joined.new}" for name in names[:3])
+    assert admin.main(["rebalance", "--peers", peers]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert len(printed) == 4 and printed[-1].startswith("3 worlds moved (600 proxies) in ")
+    assert sorted(held(joined.new)) == sorted(names[:3])
+    with pytest.raises(SystemExit):
+        admin.main(["rebalance", "--peers", "nowhere"])
+    assert "must be distinct host:port addresses" in capsys.readouterr().err
+
+
+# ---- routing by a DNS name --------------------------------------------------------------------------
+FAKE_NAME = "dbvt-headless.test"
+
+
+@pytest.fixture
+def dns_replicas(monkeypatch):
+    """Three servers on 127.0.0.1-3 with one port, behind a name that resolves to all three (the
+    system resolver answers for it, as cluster DNS would for a headless Service)."""
+    port = free_ports(1)[0]
+    hosts = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host, *args, **kwargs):
+        if host == FAKE_NAME:
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (ip, port)) for ip in hosts]
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    target = f"dns:///{FAKE_NAME}:{port}"
+    servers = [ServerThread(host=host, port=port, peers=(target,), advertise=f"{host}:{port}") for host in hosts]
+    yield target, [f"{host}:{port}" for host in hosts]
+    for server in servers:
+        server.stop()
+
+
+def test_a_dns_target_routes_over_every_address_and_agrees_with_the_servers(dns_replicas):
+    target, addresses = dns_replicas
+    names = [f"dns-{i}" for i in range(30)]
+    with Client(target) as routed:
+        assert routed.server_info()["peers"] == addresses
+        for name in names:
+            routed.create_world(name, dims=2).apply(create=([1], [[0, 0, 1, 1]]))
+        assert routed.list_worlds() == sorted(names)
+    for address in addresses:
+        assert sorted(held(address)) == sorted(name for name in names if owner(name, addresses) == address)
+    with Client(addresses[0]) as direct:
+        with pytest.raises(WrongServer):
+            direct._transport._here.unary("GetWorldStats", pb.GetWorldStatsRequest(
+                world=next(name for name in names if owner(name, addresses) != addresses[0])))
+
+
+def test_a_server_without_peers_is_the_whole_ring_and_moving_is_an_unavailable():
+    server = ServerThread()
+    try:
+        with Client(f"dns:///127.0.0.1:{server.running.port}") as client:
+            assert client.server_info()["peers"] == [] and client.list_worlds() == []
+    finally:
+        server.stop()
+    assert issubclass(Moving, Unavailable)
