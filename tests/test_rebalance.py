@@ -227,29 +227,38 @@ def test_dbvt_admin_rebalance_prints_each_move_and_the_rate(joined, capsys):
 FAKE_NAME = "dbvt-headless.test"
 
 
+class FakeDns:
+    """A name that the system resolver answers with `hosts` (as cluster DNS does for a headless
+    Service); any other name is resolved as usual."""
+
+    def __init__(self, monkeypatch, hosts: list[str], port: int):
+        self.hosts, self.port, self.real = list(hosts), port, socket.getaddrinfo
+        monkeypatch.setattr(socket, "getaddrinfo", self.getaddrinfo)
+
+    def getaddrinfo(self, host, *args, **kwargs):
+        if host == FAKE_NAME:
+            if not self.hosts:
+                raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (ip, self.port)) for ip in self.hosts]
+        return self.real(host, *args, **kwargs)
+
+
 @pytest.fixture
 def dns_replicas(monkeypatch):
-    """Three servers on 127.0.0.1-3 with one port, behind a name that resolves to all three (the
-    system resolver answers for it, as cluster DNS would for a headless Service)."""
+    """Three servers on 127.0.0.1-3, one port, each with --peers the DNS name of all three."""
     port = free_ports(1)[0]
-    hosts = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
-    real = socket.getaddrinfo
-
-    def getaddrinfo(host, *args, **kwargs):
-        if host == FAKE_NAME:
-            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (ip, port)) for ip in hosts]
-        return real(host, *args, **kwargs)
-
-    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    dns = FakeDns(monkeypatch, ["127.0.0.1", "127.0.0.2", "127.0.0.3"], port)
     target = f"dns:///{FAKE_NAME}:{port}"
-    servers = [ServerThread(host=host, port=port, peers=(target,), advertise=f"{host}:{port}") for host in hosts]
-    yield target, [f"{host}:{port}" for host in hosts]
-    for server in servers:
+    servers = {f"{host}:{port}": ServerThread(host=host, port=port, peers=(target,), advertise=f"{host}:{port}")
+               for host in dns.hosts}
+    yield target, dns, servers
+    for server in servers.values():
         server.stop()
 
 
 def test_a_dns_target_routes_over_every_address_and_agrees_with_the_servers(dns_replicas):
-    target, addresses = dns_replicas
+    target, _, servers = dns_replicas
+    addresses = sorted(servers)
     names = [f"dns-{i}" for i in range(30)]
     with Client(target) as routed:
         assert routed.server_info()["peers"] == addresses
@@ -258,10 +267,31 @@ def test_a_dns_target_routes_over_every_address_and_agrees_with_the_servers(dns_
         assert routed.list_worlds() == sorted(names)
     for address in addresses:
         assert sorted(held(address)) == sorted(name for name in names if owner(name, addresses) == address)
-    with Client(addresses[0]) as direct:
-        with pytest.raises(WrongServer):
-            direct._transport._here.unary("GetWorldStats", pb.GetWorldStatsRequest(
-                world=next(name for name in names if owner(name, addresses) != addresses[0])))
+    stranger = next(name for name in names if owner(name, addresses) != addresses[0])
+    with grpc.insecure_channel(addresses[0]) as channel:
+        with pytest.raises(grpc.RpcError) as refused:
+            pb_grpc.BroadphaseServiceStub(channel).GetWorldStats(pb.GetWorldStatsRequest(world=stranger), timeout=10)
+    assert dict(refused.value.trailing_metadata())["dbvt-owner"] == owner(stranger, addresses)
+
+
+def test_a_replica_gone_from_dns_is_dropped_by_servers_and_by_a_client_that_cannot_reach_it(dns_replicas):
+    target, dns, servers = dns_replicas
+    addresses = sorted(servers)
+    with Client(target) as routed:
+        routed.server_info()                                     # the ring as it is now
+        gone = addresses[2]
+        name = next(f"late-{i}" for i in range(100) if owner(f"late-{i}", addresses) == gone)
+        servers.pop(gone).stop()
+        dns.hosts.remove(gone.rpartition(":")[0])
+        for server in servers.values():
+            server.running.service.replicas.refresh()           # what each server does every 30 s
+        world = routed.create_world(name)                        # the owner is unreachable: looked up again
+        assert routed.server_info()["peers"] == addresses[:2]
+        assert name in held(owner(name, addresses[:2])) and world.info().tick == 0
+        dns.hosts.clear()                                        # a DNS failure keeps the set it had
+        for server in servers.values():
+            server.running.service.replicas.refresh()
+            assert server.running.service.replicas.members == addresses[:2]
 
 
 def test_a_server_without_peers_is_the_whole_ring_and_moving_is_an_unavailable():
