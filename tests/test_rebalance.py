@@ -6,6 +6,7 @@ never served by two servers; a move cut short is finished by running the rebalan
 """
 from __future__ import annotations
 
+import asyncio
 import io
 import socket
 import threading
@@ -15,7 +16,7 @@ import grpc
 import numpy as np
 import pytest
 
-from dbvt_client import Client, FailedPrecondition, InvalidArgument, Moving, Unavailable, WorldInfo, WrongServer
+from dbvt_client import AsyncClient, Client, FailedPrecondition, InvalidArgument, Moving, Unavailable, WorldInfo, WrongServer
 from dbvt_client.routing import owner
 from dbvt_proto.v1 import broadphase_pb2 as pb
 from dbvt_proto.v1 import broadphase_pb2_grpc as pb_grpc
@@ -101,6 +102,32 @@ def test_a_fourth_server_joins_and_rebalance_moves_only_the_worlds_it_now_owns(j
             # A client that knows only the old servers is redirected to where a world went.
             assert answers(stale.world(name), scenes[name]) == before[name], name
     assert rebalance(joined.targets, Client, say=said.append).moves == []
+
+
+def test_a_leaving_server_is_drained_before_the_others_learn_the_smaller_set():
+    targets = [f"127.0.0.1:{port}" for port in free_ports(4)]
+    servers = [ServerThread(port=int(target.rpartition(":")[2]), peers=tuple(targets), advertise=target)
+               for target in targets]
+    try:
+        staying, leaving = targets[:3], targets[3]
+        names = [f"drain-{i}" for i in range(24)]
+        with Client(targets) as routed:
+            scenes = {name: fill(routed.create_world(name), seed) for seed, name in enumerate(names)}
+            before = {name: answers(routed.world(name), scenes[name]) for name in names}
+        report = rebalance(staying, Client, say=quiet, leaving=[leaving])
+        assert sorted(move.world for move in report.moves) == sorted(
+            name for name in names if owner(name, targets) == leaving)
+        assert held(leaving) == {}
+        for target in staying:
+            assert sorted(held(target)) == sorted(name for name in names if owner(name, staying) == target)
+        # Clients of the old set and of the new one both reach every world, as it was.
+        with Client(targets) as old_ring, Client(staying) as new_ring:
+            for name in names:
+                assert answers(old_ring.world(name), scenes[name]) == before[name]
+                assert answers(new_ring.world(name), scenes[name]) == before[name]
+    finally:
+        for server in servers:
+            server.stop()
 
 
 def test_a_moving_world_answers_unavailable_naming_its_destination_and_the_sdk_waits_it_out(joined):
@@ -302,3 +329,19 @@ def test_a_server_without_peers_is_the_whole_ring_and_moving_is_an_unavailable()
     finally:
         server.stop()
     assert issubclass(Moving, Unavailable)
+
+
+def test_an_async_client_of_a_dns_target_streams_on_its_first_call(dns_replicas):
+    target, _, servers = dns_replicas
+    addresses = sorted(servers)
+
+    async def run():
+        async with AsyncClient(target) as routed:
+            world = routed.world(next(f"first-{i}" for i in range(100) if owner(f"first-{i}", addresses) == addresses[1]))
+            async with AsyncClient(addresses[1]) as direct:
+                await direct.create_world(world.name)
+            async with world.stream() as stream:
+                return (await stream.apply(create=([1], [[0, 0, 0, 1, 1, 1]]))).tick, world.name
+
+    tick, name = asyncio.run(run())
+    assert tick == 1 and held(addresses[1])[name].proxies == 1

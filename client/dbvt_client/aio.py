@@ -284,6 +284,8 @@ class AsyncBatchStream:
         self._failure: DbvtError | None = None
 
     async def __aenter__(self) -> "AsyncBatchStream":
+        # Asked first (every batch needs it): a client routing by DNS also learns its servers by it.
+        await self._world._client.max_message_bytes()
         self._call = self._world._client._transport.open_stream(self._world.name)
         self._reader = asyncio.create_task(self._read())
         return self

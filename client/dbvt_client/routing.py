@@ -20,6 +20,8 @@ from dbvt_proto.v1 import broadphase_pb2 as pb
 
 # How often a dns:/// target is looked up again.
 RESOLVE_SECONDS = 30.0
+# World names whose owner a ring remembers (hashing every call would cost microseconds a call).
+REMEMBERED_OWNERS = 100_000
 
 
 def owner(name: str, targets: list[str]) -> str:
@@ -56,6 +58,15 @@ class Ring:
             raise ValueError(f"a routed client needs distinct targets, not {targets!r}")
         self.targets: list[str] = [] if self.name else list(targets)
         self._checked = -RESOLVE_SECONDS
+        self._owners: dict[str, str] = {}
+
+    def owner(self, name: str) -> str:
+        found = self._owners.get(name)
+        if found is None:
+            if len(self._owners) >= REMEMBERED_OWNERS:
+                self._owners.clear()
+            found = self._owners[name] = owner(name, self.targets)
+        return found
 
     @property
     def stale(self) -> bool:
@@ -72,7 +83,9 @@ class Ring:
 
     def adopt(self, addresses: list[str], peers: list[str]) -> None:
         """The set to hash over: the servers' own replica set when they report one, else the addresses."""
-        self.targets = list(peers) or addresses
+        if (list(peers) or addresses) != self.targets:
+            self.targets = list(peers) or addresses
+            self._owners.clear()
         self._checked = time.monotonic()
 
 
@@ -119,16 +132,17 @@ class RoutedTransport:
     def _on_owner(self, name: str, method: str, *args):
         """`method(*args)` on the owner of world `name`; when that server cannot be reached and the ring
         comes from DNS, the name is looked up again and the call made once more if the owner changed."""
-        target = owner(name, self._targets())
+        self._targets()
+        target = self.ring.owner(name)
         try:
             return getattr(self._transport(target), method)(*args)
         except Unavailable as failure:
             if self.ring.name is None or type(failure) is not Unavailable:
                 raise
             self._refresh()
-            if owner(name, self.ring.targets) == target:
+            if self.ring.owner(name) == target:
                 raise
-            return getattr(self._transport(owner(name, self.ring.targets)), method)(*args)
+            return getattr(self._transport(self.ring.owner(name)), method)(*args)
 
     def unary(self, method: str, request):
         if method == "ListWorlds":
@@ -147,10 +161,12 @@ class RoutedTransport:
         return self._on_owner(world_of(requests[0]), "upload", method, requests)
 
     def stream(self, requests, world: str):
-        return self._transport(owner(world, self._targets())).stream(requests, world)
+        self._targets()
+        return self._transport(self.ring.owner(world)).stream(requests, world)
 
     def watch(self, request):
-        return self._transport(owner(world_of(request), self._targets())).watch(request)
+        self._targets()
+        return self._transport(self.ring.owner(world_of(request))).watch(request)
 
     def close(self) -> None:
         for transport in self._transports.values():
@@ -187,16 +203,17 @@ class AsyncRoutedTransport:
         return self.ring.targets
 
     async def _on_owner(self, name: str, method: str, *args):
-        target = owner(name, await self._targets())
+        await self._targets()
+        target = self.ring.owner(name)
         try:
             return await getattr(self._transport(target), method)(*args)
         except Unavailable as failure:
             if self.ring.name is None or type(failure) is not Unavailable:
                 raise
             await self._refresh()
-            if owner(name, self.ring.targets) == target:
+            if self.ring.owner(name) == target:
                 raise
-            return await getattr(self._transport(owner(name, self.ring.targets)), method)(*args)
+            return await getattr(self._transport(self.ring.owner(name)), method)(*args)
 
     async def unary(self, method: str, request):
         targets = await self._targets()
@@ -216,14 +233,13 @@ class AsyncRoutedTransport:
         return await self._on_owner(world_of(requests[0]), "upload", method, requests)
 
     def open_stream(self, world: str):
-        # Opening a stream is synchronous: it uses the ring as it is (a new client's first call
-        # looks the name up, and a stream is opened on a world already created or found).
-        if not self.ring.targets:
-            raise Unavailable(f"the servers behind {self.ring.name} are not known yet: make a call first")
-        return self._transport(owner(world, self.ring.targets)).open_stream(world)
+        # Opening a stream is synchronous: it uses the ring as it is, which AsyncBatchStream has
+        # looked up (by asking the server's limits) just before.
+        return self._transport(self.ring.owner(world)).open_stream(world)
 
     async def watch(self, request):
-        return await self._transport(owner(world_of(request), await self._targets())).watch(request)
+        await self._targets()
+        return await self._transport(self.ring.owner(world_of(request))).watch(request)
 
     async def close(self) -> None:
         for transport in self._transports.values():

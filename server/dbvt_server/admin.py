@@ -1,10 +1,11 @@
 """`dbvt-admin`: operations on a replica set of dbvt-servers.
 
-    dbvt-admin rebalance --peers host-0:50051,host-1:50051,... [--dry-run]
+    dbvt-admin rebalance --peers host-0:50051,host-1:50051,... [--leaving host-3:50051] [--dry-run]
 
 moves every world to the server that owns it among --peers (dbvt_server.rebalance), keeping its
-tick and incarnation. Run it after replicas were added or removed, with the new list; run it again
-to finish moves that were cut short. It needs an admin token on servers started with --tokens
+tick and incarnation: the worlds of the servers in --peers, and all those of the servers --leaving
+the set. Run it with the new list once a new replica runs, or before a replica is removed; run it
+again to finish moves that were cut short. It needs an admin token on servers started with --tokens
 (DBVT_TOKEN), and --tls-ca (and --tls-cert, --tls-key for mutual TLS) on servers that speak TLS.
 """
 from __future__ import annotations
@@ -25,6 +26,8 @@ def parser() -> argparse.ArgumentParser:
                                  description="Move every world to the server that owns it among --peers.")
     moving.add_argument("--peers", required=True, type=_peers,
                         help="every server of the replica set as host:port, comma-separated (as their --peers)")
+    moving.add_argument("--leaving", type=_peers, default=[],
+                        help="servers leaving the replica set, as host:port, comma-separated: all their worlds move")
     moving.add_argument("--dry-run", action="store_true", help="only print the moves")
     moving.add_argument("--tls-ca", help="PEM CA bundle the servers' certificates are checked against")
     moving.add_argument("--tls-cert", help="PEM client certificate, for servers that ask for one")
@@ -44,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     tls = TLS(ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key) if args.tls_ca or args.tls_cert else None
     token = os.environ.get("DBVT_TOKEN")
     try:
-        report = rebalance(args.peers, lambda address: Client(address, token=token, tls=tls), dry_run=args.dry_run)
+        report = rebalance(args.peers, lambda address: Client(address, token=token, tls=tls), dry_run=args.dry_run,
+                           leaving=args.leaving)
     except (DbvtError, MoveConflict) as exc:
         print(f"dbvt-admin rebalance: {exc}; run it again to finish", file=sys.stderr)
         return 1

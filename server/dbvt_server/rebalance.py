@@ -49,10 +49,10 @@ class Report:
 
 
 def planned(peers: list[str], held: dict[str, list[WorldInfo]]) -> list[Move]:
-    """The moves that put every world on its owner among `peers`; a move already begun goes on to
-    the destination it recorded."""
+    """The moves that put every world `held` (by each server, of `peers` or leaving) on its owner
+    among `peers`; a move already begun goes on to the destination it recorded."""
     moves = []
-    for server in peers:
+    for server in held:
         for info in held[server]:
             destination = info.moving_to or owner(info.name, peers)
             if destination != server:
@@ -80,13 +80,13 @@ def move(world: str, source: Client, destination: Client, to: str) -> Move:
 
 
 def rebalance(peers: list[str], connect: Callable[[str], Client], say: Callable[[str], None] = print,
-              dry_run: bool = False) -> Report:
-    """Every world of every server in `peers` moved to its owner; `connect(address)` gives a client of
-    that one server."""
-    clients = {peer: connect(peer) for peer in peers}
+              dry_run: bool = False, leaving: list[str] = ()) -> Report:
+    """Every world of every server in `peers`, and of every server `leaving` the set, moved to its
+    owner among `peers`; `connect(address)` gives a client of that one server."""
+    clients = {server: connect(server) for server in [*peers, *leaving]}
     started = time.perf_counter()
     try:
-        held = {peer: client.list_worlds(details=True) for peer, client in clients.items()}
+        held = {server: client.list_worlds(details=True) for server, client in clients.items()}
         report = Report()
         for step in planned(peers, held):
             if dry_run:

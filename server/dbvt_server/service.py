@@ -271,7 +271,8 @@ class Service:
         if name in self._worlds:
             raise AlreadyExists(f"a world named {quoted(name)} already exists; import under another name, "
                                 "or delete it first")
-        self._check_owned(name)
+        # Not checked against the replica set: an import is an admin's decision of where a world
+        # lives, and a rebalance moves worlds before every server has learned the new set.
         self._check_room(name)
         self._arriving.add(name)
 

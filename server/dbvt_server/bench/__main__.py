@@ -10,6 +10,7 @@
     dbvt-bench socket [DIR] [--repeats R] ...                  a Unix socket against loopback TCP
     dbvt-bench persist [DIR] [--repeats R] [--journaled J] ... a data directory's cost, restarts, snapshots
     dbvt-bench sensors [DIR] [--sensors S] [--radius R] ...    moving sensors, watcher latency, many watchers
+    dbvt-bench routing [--calls C] [--worlds W] ...            a routed call's cost, and a rebalance's speed
 
 A benchmark given no DIR makes W1 data first, in a temporary directory, so a fresh clone needs
 nothing else. Every command prints its command line, the machine and the load average first, and
@@ -20,7 +21,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dbvt_server.bench import console, core, paired, persist, queries, sensors, wire, workload
+from dbvt_server.bench import console, core, paired, persist, queries, routing, sensors, wire, workload
 
 COMMANDS = {
     "workload": (workload, "make W1 or W2 data with its exact answers (expected.json)"),
@@ -32,6 +33,7 @@ COMMANDS = {
     "socket": (paired, "W1's streamed step and box queries over a Unix socket, against loopback TCP"),
     "persist": (persist, "W1's streamed step with a data directory, restart time, snapshot time and size"),
     "sensors": (sensors, "W1 with moving sphere sensors: the step, a watcher's latency, 8 watchers against 1"),
+    "routing": (routing, "a routed client's cost per call beyond a direct one, and a rebalance's proxies a second"),
 }
 
 
