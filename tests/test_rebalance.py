@@ -345,3 +345,23 @@ def test_an_async_client_of_a_dns_target_streams_on_its_first_call(dns_replicas)
 
     tick, name = asyncio.run(run())
     assert tick == 1 and held(addresses[1])[name].proxies == 1
+
+
+def test_a_stream_hears_the_move_and_the_next_stream_goes_where_the_world_went(joined):
+    name = joined.names("streamed", 1)[0]
+    source = owner(name, joined.old)
+    with Client(joined.old) as client:
+        world = client.create_world(name)
+        with world.stream() as stream:
+            assert stream.apply(create=([1], [[0, 0, 0, 1, 1, 1]])).tick == 1
+            world.begin_move(joined.new)
+            with pytest.raises(Moving, match=f"moving to {joined.new}") as refused:
+                stream.apply(move=([1], [[1, 1, 1, 2, 2, 2]]))
+            assert refused.value.destination == joined.new
+            rebalance(joined.targets, Client, say=quiet)
+            with pytest.raises(WrongServer) as redirected:
+                stream.apply(move=([1], [[1, 1, 1, 2, 2, 2]]), expected_tick=1)
+            assert redirected.value.owner == joined.new
+        with world.stream() as stream:                            # straight to the new server
+            assert stream.apply(move=([1], [[1, 1, 1, 2, 2, 2]]), expected_tick=1).tick == 2
+    assert held(joined.new)[name].tick == 2 and name not in held(source)

@@ -10,7 +10,7 @@ import grpc
 from dbvt_client import batches, following, parts, queries, routing, transfer, watching
 from dbvt_client.client import (DEFAULT_MAX_PROXIES_PER_WORLD, DEFAULT_MAX_WORLDS, create_request, server_dict,
                                 stats_dict, world_info)
-from dbvt_client.errors import (DbvtError, Unavailable, from_exception, from_rpc_error, from_stream_status)
+from dbvt_client.errors import DbvtError, Unavailable, WrongServer, from_exception, from_rpc_error, from_stream_status
 from dbvt_client.results import BatchResult, Crossings, Hits, NearestHits, RayHits, Snapshot, WorldInfo
 from dbvt_client.transport import (ANSWERED_IN_PARTS, QUERY_FIELDS, Connection, answer_too_big, local_transport,
                                    query_answer, query_set)
@@ -333,7 +333,10 @@ class AsyncBatchStream:
             while (response := await self._call.read()) is not None:
                 if (response := answers.whole(response)) is None:
                     continue
-                batches.settle(self._pending.popleft(), response)
+                refusal = batches.settle(self._pending.popleft(), response)
+                if isinstance(refusal, WrongServer):
+                    # The world lives elsewhere: the next stream, and every call, goes there.
+                    self._world._client._transport.remember(self._world.name, refusal)
         except DbvtError as error:
             failure = error
         except asyncio.CancelledError:

@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 
 from dbvt_client import wire
-from dbvt_client.errors import InvalidArgument, TickMismatch, from_exception, from_status_number
+from dbvt_client.errors import (DbvtError, FailedPrecondition, InvalidArgument, Moving, TickMismatch, Unavailable,
+                                WrongServer, from_exception, from_status_number)
 from dbvt_client.results import BatchResult
 from dbvt_proto.v1 import broadphase_pb2 as pb
 
@@ -182,18 +183,30 @@ def stream_requests(world: str, sequence: int, parts: list[pb.Batch]) -> list[pb
             for i, part in enumerate(parts)]
 
 
-def settle(future, response: pb.StreamBatchesResponse) -> None:
+def stream_refusal(response: pb.StreamBatchesResponse) -> DbvtError:
+    """The error a stream's batch was refused with, of the class a unary ApplyBatch would raise."""
+    if response.HasField("world_tick"):
+        return TickMismatch(response.status_message, response.world_tick, response.world_incarnation)
+    error = from_status_number(response.status_code, response.status_message)
+    if response.world_server and isinstance(error, Unavailable):
+        return Moving(response.status_message, response.world_server)
+    if response.world_server and isinstance(error, FailedPrecondition):
+        return WrongServer(response.status_message, response.world_server)
+    return error
+
+
+def settle(future, response: pb.StreamBatchesResponse) -> DbvtError | None:
     """Resolve a stream's future of a batch with its answer: the result, or the error it was refused
-    with, or the error decoding it raised. A future its caller cancelled is left as it is."""
+    with (also returned), or the error decoding it raised. A future its caller cancelled is left as it is."""
     try:
-        if response.status_code and response.HasField("world_tick"):
-            raise TickMismatch(response.status_message, response.world_tick, response.world_incarnation)
         if response.status_code:
-            raise from_status_number(response.status_code, response.status_message)
+            raise stream_refusal(response)
         outcome = decode_result(response.result)
     except Exception as exc:
+        error = from_exception(exc)
         if not future.done():
-            future.set_exception(from_exception(exc))
-        return
+            future.set_exception(error)
+        return error
     if not future.done():
         future.set_result(outcome)
+    return None

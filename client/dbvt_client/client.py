@@ -11,7 +11,7 @@ from concurrent.futures import Future
 import numpy as np
 
 from dbvt_client import batches, following, parts, queries, routing, transfer, watching
-from dbvt_client.errors import DbvtError, InvalidArgument, Unavailable, from_exception
+from dbvt_client.errors import DbvtError, InvalidArgument, Unavailable, WrongServer, from_exception
 from dbvt_client.results import BatchResult, Crossings, Hits, NearestHits, RayHits, Snapshot, WorldInfo
 from dbvt_client.transport import Connection, GrpcTransport, local_transport
 from dbvt_proto.v1 import broadphase_pb2 as pb
@@ -362,7 +362,10 @@ class BatchStream:
             for response in responses:
                 if (response := answers.whole(response)) is None:
                     continue
-                batches.settle(self._pending.popleft(), response)
+                refusal = batches.settle(self._pending.popleft(), response)
+                if isinstance(refusal, WrongServer):
+                    # The world lives elsewhere: the next stream, and every call, goes there.
+                    self._world._client._transport.remember(self._world.name, refusal)
         except DbvtError as error:
             failure = error
         except Exception as exc:

@@ -56,6 +56,10 @@ class _Redirects:
     def _transports(self) -> list:
         return [self._here, *self._elsewhere.values()]
 
+    def remember(self, world: str, redirect: WrongServer) -> None:
+        """A redirect heard on a batch stream, followed by the world's later calls and streams."""
+        self._learn(world, redirect)
+
 
 class _Backoff:
     """The waits between tries of a call on a moving world: doubling, capped, within a time limit."""

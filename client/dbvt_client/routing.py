@@ -160,6 +160,9 @@ class RoutedTransport:
     def upload(self, method: str, requests: list):
         return self._on_owner(world_of(requests[0]), "upload", method, requests)
 
+    def remember(self, world: str, redirect) -> None:
+        self._transport(self.ring.owner(world)).remember(world, redirect)
+
     def stream(self, requests, world: str):
         self._targets()
         return self._transport(self.ring.owner(world)).stream(requests, world)
@@ -231,6 +234,9 @@ class AsyncRoutedTransport:
 
     async def upload(self, method: str, requests: list):
         return await self._on_owner(world_of(requests[0]), "upload", method, requests)
+
+    def remember(self, world: str, redirect) -> None:
+        self._transport(self.ring.owner(world)).remember(world, redirect)
 
     def open_stream(self, world: str):
         # Opening a stream is synchronous: it uses the ring as it is, which AsyncBatchStream has

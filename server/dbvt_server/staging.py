@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 
 from dbvt_client import wire
-from dbvt_client.errors import DbvtError, InvalidArgument, ResourceExhausted, TickMismatch, quoted
+from dbvt_client.errors import DbvtError, InvalidArgument, Moving, ResourceExhausted, TickMismatch, WrongServer, quoted
 from dbvt_proto.v1 import broadphase_pb2 as pb
 
 # Generous: creating (41 bytes a row), moving (32) and destroying (8) every proxy of a full 3-D world.
@@ -137,4 +137,6 @@ def stream_error(sequence: int, error: DbvtError) -> pb.StreamBatchesResponse:
                                         status_message=error.message)
     if isinstance(error, TickMismatch):
         response.world_tick, response.world_incarnation = error.tick, error.incarnation
+    elif isinstance(error, (Moving, WrongServer)):
+        response.world_server = error.destination if isinstance(error, Moving) else error.owner
     return response

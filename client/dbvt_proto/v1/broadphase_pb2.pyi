@@ -632,6 +632,7 @@ class StreamBatchesResponse(_message.Message):
     MORE_PARTS_FIELD_NUMBER: _builtins.int
     WORLD_TICK_FIELD_NUMBER: _builtins.int
     WORLD_INCARNATION_FIELD_NUMBER: _builtins.int
+    WORLD_SERVER_FIELD_NUMBER: _builtins.int
     sequence: _builtins.int
     status_code: _builtins.int
     """A google.rpc.Code, 0 (OK) when the batch was applied; otherwise nothing of it was applied."""
@@ -643,6 +644,10 @@ class StreamBatchesResponse(_message.Message):
     incarnation (what trailing metadata carries for ApplyBatch).
     """
     world_incarnation: _builtins.int
+    world_server: _builtins.str
+    """With UNAVAILABLE for a world being moved, or FAILED_PRECONDITION for a world on another server:
+    the host:port it is moving to or lives on (what dbvt-moving and dbvt-owner carry for ApplyBatch).
+    """
     @_builtins.property
     def result(self) -> Global___BatchResult:
         """Set when the batch was applied."""
@@ -657,10 +662,11 @@ class StreamBatchesResponse(_message.Message):
         more_parts: _builtins.bool = ...,
         world_tick: _builtins.int | None = ...,
         world_incarnation: _builtins.int | None = ...,
+        world_server: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_world_incarnation", b"_world_incarnation", "_world_tick", b"_world_tick", "result", b"result", "world_incarnation", b"world_incarnation", "world_tick", b"world_tick"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_world_incarnation", b"_world_incarnation", "_world_tick", b"_world_tick", "more_parts", b"more_parts", "result", b"result", "sequence", b"sequence", "status_code", b"status_code", "status_message", b"status_message", "world_incarnation", b"world_incarnation", "world_tick", b"world_tick"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_world_incarnation", b"_world_incarnation", "_world_tick", b"_world_tick", "more_parts", b"more_parts", "result", b"result", "sequence", b"sequence", "status_code", b"status_code", "status_message", b"status_message", "world_incarnation", b"world_incarnation", "world_server", b"world_server", "world_tick", b"world_tick"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__world_incarnation: _TypeAlias = _typing.Literal["world_incarnation"]  # noqa: Y015
     _WhichOneofArgType__world_incarnation: _TypeAlias = _typing.Literal["_world_incarnation", b"_world_incarnation"]  # noqa: Y015
