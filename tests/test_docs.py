@@ -10,7 +10,7 @@ What happens to a fenced block depends on its language tag:
 - ```sh       checked, not run. Each command line is cut at `&&`, `||`, `;` and `|`. Every `dbvt-server`
               command is parsed by the server's own argparse parser (`dbvt_server.config.parse`), with
               any `NAME=value` prefixes as its environment, and nothing is started (`dbvt-server
-              new-token` by its own parser). Every
+              new-token` by its own parser), every `dbvt-admin` command by its parser, and every
               `dbvt-bench SUBCOMMAND ...` command must answer `dbvt-bench SUBCOMMAND --help` with exit
               status 0. Other commands (python3 -m venv, pip, pytest, docker) are not run.
 - ```yaml     checked: parsed, and every dbvt_* metric it names must be one a real server exports.
@@ -39,7 +39,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from dbvt_client import Client, DbvtError
-from dbvt_server import config
+from dbvt_server import admin, config
 from dbvt_server.__main__ import new_token_parser
 from security import Pki, TokenFile
 from servers import NEUTRAL_DIR, ServerThread
@@ -273,8 +273,18 @@ def test_dbvt_bench_subcommand_answers_help(item):
     assert shown.returncode == 0, f"{_ids(item)}: dbvt-bench {' '.join(subcommand)} --help:\n{shown.stderr}"
 
 
-def test_the_pages_show_both_commands():
-    assert checked_commands("dbvt-server") and checked_commands("dbvt-bench")
+@pytest.mark.parametrize("item", checked_commands("dbvt-admin"), ids=_ids)
+def test_dbvt_admin_command_parses(item):
+    block, _, args = item
+    with contextlib.redirect_stderr(io.StringIO()) as complaint:
+        try:
+            admin.parser().parse_args(args)
+        except SystemExit as exit:
+            assert exit.code == 0, f"{_ids(item)}: {complaint.getvalue()}"
+
+
+def test_the_pages_show_every_command():
+    assert checked_commands("dbvt-server") and checked_commands("dbvt-bench") and checked_commands("dbvt-admin")
 
 
 # ---- the pages as a whole ---------------------------------------------------------------------------
