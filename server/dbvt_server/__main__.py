@@ -10,8 +10,13 @@ import logging
 import os
 import sys
 
-from dbvt_server.config import parse
-from dbvt_server.tokens import ROLES, TokenFileError, new_token
+# gRPC's C core writes to stderr itself, around our log: a failed bind, which we report in our own
+# words, even takes two lines. It reads the variable when grpc is first imported, which the
+# configuration's modules already do.
+os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+
+from dbvt_server.config import parse  # noqa: E402
+from dbvt_server.tokens import ROLES, TokenFileError, new_token  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -19,9 +24,6 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["new-token"]:
         return print_new_token(argv[1:])
     config = parse(argv)
-    # gRPC's C core writes to stderr itself, around our log: a failed bind, which we report in our own
-    # words, even takes two lines. It reads the variable when grpc is first imported, so only now.
-    os.environ.setdefault("GRPC_VERBOSITY", "NONE")
     from dbvt_server import logs, memory
     from dbvt_server.app import PortUnavailable, serve
     from dbvt_server.persistence import DataDirInUse
