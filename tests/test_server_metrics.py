@@ -16,6 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from dbvt_client import Client, Create, NotFound
+from dbvt_client.routing import owner
 from servers import ServerProcess, ServerThread
 
 BOXES = np.array([[0, 0, 0, 1, 1, 1], [0.5, 0.5, 0.5, 2, 2, 2], [5, 5, 5, 6, 6, 6]], np.float32)
@@ -156,3 +157,21 @@ def test_sensor_pairs_and_watchers_are_gauged(server):
     label = ("world", "gauged-sensors")
     assert samples[("dbvt_world_sensor_pairs", label)] == 1
     assert samples[("dbvt_world_watchers", label)] == 1
+
+
+def test_the_replica_set_and_moving_worlds_are_gauged():
+    targets = ["127.0.0.1:1", "127.0.0.1:2"]
+    running = ServerThread(metrics_address="127.0.0.1:0", peers=tuple(targets), advertise=targets[0])
+    try:
+        port = running.running.metrics_endpoint.port
+        name = next(f"mine-{i}" for i in range(100) if owner(f"mine-{i}", targets) == targets[0])
+        with Client(running.target) as client:
+            world = client.create_world(name)
+            assert scrape(port)[("dbvt_worlds_moving",)] == 0
+            world.begin_move(targets[1])
+            samples = scrape(port)
+            world.finish_move(cancel=True)
+        assert samples[("dbvt_worlds_moving",)] == 1 and samples[("dbvt_replicas",)] == 2
+        assert scrape(port)[("dbvt_worlds_moving",)] == 0
+    finally:
+        running.stop()

@@ -94,6 +94,11 @@ class _StateCollector:
         worlds = self._servicer.service.worlds()
         depths = self._servicer.queue_depths()
         yield _gauge("dbvt_worlds", "worlds held", [((), len(worlds))])
+        yield _gauge("dbvt_worlds_moving", "worlds frozen for a move to another server (dbvt-admin rebalance)",
+                     [((), sum(1 for world in worlds if world.moving_to))])
+        replicas = self._servicer.service.replicas
+        yield _gauge("dbvt_replicas", "servers in the replica set this server routes by (0 without --peers)",
+                     [((), len(replicas.members))])
         for name, help_text, value in (
                 ("dbvt_world_proxies", "proxies in the world", lambda world: len(world.broadphase)),
                 ("dbvt_world_pairs", "overlapping pairs in the world (0 where track_pairs is off)",
