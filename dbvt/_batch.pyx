@@ -15,6 +15,9 @@ from dbvt._core cimport (
 # ---------------------------------------------------------------------------------------------
 # Sorting the results: ids ascending, ray hits by (fraction, id), pairs lexicographically.
 
+cdef enum:
+    MERGE_FROM = 64     # from this many items, a short unsorted prefix before a sorted run is merged in
+
 ctypedef fused Sortable:
     int32_t
     uint64_t
@@ -41,7 +44,8 @@ cdef void sort_items(Sortable *items, int64_t n) noexcept nogil:
         start -= 1
     if start <= 0:
         return
-    if start <= n // 4:
+    # Below MERGE_FROM items, insertion sort does as well on such input, with no allocation.
+    if n >= MERGE_FROM and start <= n // 4:
         prefix = <Sortable *>malloc(start * sizeof(Sortable))
         if prefix != NULL:
             quicksort_items(items, start)

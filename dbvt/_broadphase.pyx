@@ -12,7 +12,7 @@ only when it no longer touches the shape grown by `sensor_margin`. For that, a s
 holds its shape grown by the sensor margin (its "reach"), so a proxy inside is always a partner.
 """
 from libc.math cimport INFINITY, nextafterf
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcpy, memset
 
@@ -25,7 +25,7 @@ from dbvt import validation
 
 from dbvt._batch cimport pairs_free, pairs_push, rows_push, self_pairs, sort_int32, sort_pairs
 from dbvt._core cimport (
-    PREFETCH_AHEAD, PROXY_LIVE, PROXY_MOVED, PROXY_REFAT, PROXY_SENSOR, PROXY_SENSOR_BOX, PROXY_SENSOR_SPHERE,
+    PREFETCH_AHEAD, PROXY_LIVE, PROXY_MOVED, PROXY_REFAT, PROXY_SEEN, PROXY_SENSOR, PROXY_SENSOR_BOX, PROXY_SENSOR_SPHERE,
     PROXY_STATIC, QUERY_FAT_BOX, Hits, IdPair, PairBuffer, Proxy, Query, Stack, TreeCore, box_contains, boxes_overlap,
     core_move, core_remove, core_reserve, hits_free, listed_allowed, load_box, pair_allowed, prefetch, sensor_touches,
     stack_free, walk,
@@ -238,7 +238,6 @@ cdef class Broadphase(TreeBase):
     cdef uint32_t *groups           # per proxy slot; all three arrays follow core.proxy_capacity
     cdef uint32_t *masks
     cdef Partners *partners
-    cdef uint8_t *retested          # per slot, during update(): its pairs have been re-tested (see _retest)
     cdef int32_t slot_capacity
     cdef int32_t *moved             # proxies flagged PROXY_MOVED since the last update()
     cdef int64_t moved_count
@@ -259,7 +258,6 @@ cdef class Broadphase(TreeBase):
         self.groups = NULL
         self.masks = NULL
         self.partners = NULL
-        self.retested = NULL
         self.slot_capacity = 0
         self.moved = NULL
         self.moved_count = self.moved_capacity = 0
@@ -284,7 +282,6 @@ cdef class Broadphase(TreeBase):
                 if self.partners[i].capacity != INLINE_PARTNERS:
                     free(self.partners[i].entries.heap)
         free(self.partners)
-        free(self.retested)
         free(self.groups)
         free(self.masks)
         free(self.moved)
@@ -323,13 +320,8 @@ cdef class Broadphase(TreeBase):
             if grown == NULL:
                 raise MemoryError()
             self.partners = <Partners *>grown      # inline entries moved with it
-            grown = realloc(self.retested, capacity * sizeof(uint8_t))
-            if grown == NULL:
-                raise MemoryError()
-            self.retested = <uint8_t *>grown
             for i in range(self.slot_capacity, capacity):
                 self.groups[i] = self.masks[i] = 0
-                self.retested[i] = 0
                 self.partners[i].count = 0
                 self.partners[i].capacity = INLINE_PARTNERS
             self.slot_capacity = capacity
@@ -651,7 +643,7 @@ cdef class Broadphase(TreeBase):
             if status == 0:
                 status = self._retest(self.moved[m], begun, ended)
         for m in range(self.moved_count):
-            self.retested[self.moved[m]] = 0
+            self.core.proxies[self.moved[m]].flags &= ~PROXY_SEEN
         if status == 0:
             self.moved_count = 0
         return status
@@ -722,16 +714,15 @@ cdef class Broadphase(TreeBase):
         cdef bint now
         if (t.proxies[proxy].flags & (PROXY_LIVE | PROXY_MOVED)) != (PROXY_LIVE | PROXY_MOVED):
             return 0        # destroyed since, or listed twice
-        t.proxies[proxy].flags &= ~PROXY_MOVED
-        # A pair of two moved proxies is tested once, by whichever comes first; the marks are a byte
-        # a slot (_track clears them), so that skipping a pair reads nothing of the partner's.
-        self.retested[proxy] = 1
+        # PROXY_SEEN marks the proxies whose pairs this update has re-tested (_track clears it): a
+        # pair of two moved proxies is tested once, by whichever comes first.
+        t.proxies[proxy].flags = (t.proxies[proxy].flags & ~PROXY_MOVED) | PROXY_SEEN
         for k in range(mine.count):
             # A sensor's list is long (every proxy within its reach): fetch partners ahead.
             if k + PREFETCH_AHEAD < mine.count:
                 prefetch(&t.proxies[items[k + PREFETCH_AHEAD] >> 1])
             other = items[k] >> 1
-            if self.retested[other]:
+            if t.proxies[other].flags & PROXY_SEEN:
                 continue
             if is_sensor(t, proxy) or is_sensor(t, other):
                 if self._retest_sensor(proxy, other, &items[k]) != 0:
