@@ -3,7 +3,7 @@
 appended to one growing CSR output; and the sorting they share with the broadphase."""
 from libc.math cimport INFINITY
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
-from libc.stdlib cimport free, realloc
+from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcpy
 
 from dbvt._core cimport (
@@ -14,6 +14,9 @@ from dbvt._core cimport (
 
 # ---------------------------------------------------------------------------------------------
 # Sorting the results: ids ascending, ray hits by (fraction, id), pairs lexicographically.
+
+cdef enum:
+    MERGE_FROM = 64     # from this many items, a short unsorted prefix before a sorted run is merged in
 
 ctypedef fused Sortable:
     int32_t
@@ -32,6 +35,43 @@ cdef inline bint before(const Sortable *x, const Sortable *y) noexcept nogil:
 
 
 cdef void sort_items(Sortable *items, int64_t n) noexcept nogil:
+    """Sorted in place. What the broadphase sorts is often sorted already, or a few items followed by a
+    sorted run (the pairs an update ends while refreshing partner lists, then those its re-tests
+    find, in proxy order): those take a scan and a merge instead of a sort."""
+    cdef int64_t start = n - 1
+    cdef Sortable *prefix
+    while start > 0 and not before(&items[start], &items[start - 1]):
+        start -= 1
+    if start <= 0:
+        return
+    # Below MERGE_FROM items, insertion sort does as well on such input, with no allocation.
+    if n >= MERGE_FROM and start <= n // 4:
+        prefix = <Sortable *>malloc(start * sizeof(Sortable))
+        if prefix != NULL:
+            quicksort_items(items, start)
+            memcpy(prefix, items, start * sizeof(Sortable))
+            merge_front(items, prefix, start, n)
+            free(prefix)
+            return
+    quicksort_items(items, n)
+
+
+cdef void merge_front(Sortable *items, const Sortable *prefix, int64_t count, int64_t n) noexcept nogil:
+    """items[count:n] (sorted) merged with `prefix` (sorted, the `count` items that stood before it)
+    into items[0:n]: writing never overtakes the unread run, since it trails it by what is left of
+    the prefix."""
+    cdef int64_t i = 0, j = count, out = 0
+    while i < count:
+        if j < n and before(&items[j], &prefix[i]):
+            items[out] = items[j]
+            j += 1
+        else:
+            items[out] = prefix[i]
+            i += 1
+        out += 1
+
+
+cdef void quicksort_items(Sortable *items, int64_t n) noexcept nogil:
     """Quicksort (median-of-three Hoare partition, recursing into the smaller side) finished by
     insertion sort; results are usually short and often nearly sorted."""
     cdef int64_t lo = 0, hi = n, i, j, mid
@@ -58,10 +98,10 @@ cdef void sort_items(Sortable *items, int64_t n) noexcept nogil:
                 break
             items[i], items[j] = items[j], items[i]
         if j + 1 - lo < hi - (j + 1):
-            sort_items(items + lo, j + 1 - lo)
+            quicksort_items(items + lo, j + 1 - lo)
             lo = j + 1
         else:
-            sort_items(items + j + 1, hi - (j + 1))
+            quicksort_items(items + j + 1, hi - (j + 1))
             hi = j + 1
     for i in range(lo + 1, hi):
         tmp = items[i]

@@ -25,7 +25,7 @@ from dbvt import validation
 
 from dbvt._batch cimport pairs_free, pairs_push, rows_push, self_pairs, sort_int32, sort_pairs
 from dbvt._core cimport (
-    PREFETCH_AHEAD, PROXY_LIVE, PROXY_MOVED, PROXY_REFAT, PROXY_SENSOR, PROXY_SENSOR_BOX, PROXY_SENSOR_SPHERE,
+    PREFETCH_AHEAD, PROXY_LIVE, PROXY_MOVED, PROXY_REFAT, PROXY_SEEN, PROXY_SENSOR, PROXY_SENSOR_BOX, PROXY_SENSOR_SPHERE,
     PROXY_STATIC, QUERY_FAT_BOX, Hits, IdPair, PairBuffer, Proxy, Query, Stack, TreeCore, box_contains, boxes_overlap,
     core_move, core_remove, core_reserve, hits_free, listed_allowed, load_box, pair_allowed, prefetch, sensor_touches,
     stack_free, walk,
@@ -642,6 +642,8 @@ cdef class Broadphase(TreeBase):
             prefetch_partners(&self.core, self.partners, self.moved, m, self.moved_count)
             if status == 0:
                 status = self._retest(self.moved[m], begun, ended)
+        for m in range(self.moved_count):
+            self.core.proxies[self.moved[m]].flags &= ~PROXY_SEEN
         if status == 0:
             self.moved_count = 0
         return status
@@ -712,12 +714,16 @@ cdef class Broadphase(TreeBase):
         cdef bint now
         if (t.proxies[proxy].flags & (PROXY_LIVE | PROXY_MOVED)) != (PROXY_LIVE | PROXY_MOVED):
             return 0        # destroyed since, or listed twice
-        t.proxies[proxy].flags &= ~PROXY_MOVED
+        # PROXY_SEEN marks the proxies whose pairs this update has re-tested (_track clears it): a
+        # pair of two moved proxies is tested once, by whichever comes first.
+        t.proxies[proxy].flags = (t.proxies[proxy].flags & ~PROXY_MOVED) | PROXY_SEEN
         for k in range(mine.count):
             # A sensor's list is long (every proxy within its reach): fetch partners ahead.
             if k + PREFETCH_AHEAD < mine.count:
                 prefetch(&t.proxies[items[k + PREFETCH_AHEAD] >> 1])
             other = items[k] >> 1
+            if t.proxies[other].flags & PROXY_SEEN:
+                continue
             if is_sensor(t, proxy) or is_sensor(t, other):
                 if self._retest_sensor(proxy, other, &items[k]) != 0:
                     return -1

@@ -28,7 +28,7 @@ cdef enum:
     PROXY_LIVE = 1                  # slot holds a proxy (else it is on the free list)
     PROXY_MOVED = 2                 # created or moved since the broadphase's last update()
     PROXY_STATIC = 4                # never paired with another static proxy
-    PROXY_SEEN = 8                  # scratch: already named earlier in the current batch
+    PROXY_SEEN = 8                  # scratch: already named earlier in the current batch; in update(), re-tested
     PROXY_REFAT = 16                # got a new fat box since the broadphase's last update()
     PROXY_SENSOR_BOX = 32           # a broadphase sensor whose shape is its tight box...
     PROXY_SENSOR_SPHERE = 64        # ...or the largest ball inside its tight box

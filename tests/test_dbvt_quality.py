@@ -69,7 +69,7 @@ def insert_in_batches(tree, ids, boxes, batch):
 
 @pytest.mark.parametrize("dims", [2, 3])
 @pytest.mark.parametrize("name", LAYOUTS)
-@pytest.mark.parametrize("mode", ["bulk", "batches of 1", "batches of 64"])
+@pytest.mark.parametrize("mode", ["bulk", "batches of 1", "batches of 64", "batches of 1000 (along a Morton curve)"])
 def test_height_after_inserts(mode, name, dims):
     n = 1024 if mode == "batches of 1" else N
     boxes = layout(name, n, dims)
@@ -78,7 +78,7 @@ def test_height_after_inserts(mode, name, dims):
     if mode == "bulk":
         tree.insert(ids, boxes)
     else:
-        insert_in_batches(tree, ids, boxes, 1 if mode == "batches of 1" else 64)
+        insert_in_batches(tree, ids, boxes, int(mode.split()[2]))
     check_quality(tree, f"{name} {dims}-D after {mode}", ids)
     tree.remove(ids[::2])
     check_quality(tree, f"{name} {dims}-D after removing half", ids[1::2])
