@@ -127,3 +127,20 @@ def test_arguments_that_cannot_make_a_figure_are_refused(argv, complaint, capsys
     with pytest.raises(SystemExit) as stopped:
         main(argv)
     assert stopped.value.code == 2 and complaint in capsys.readouterr().err
+
+
+def test_insert_compares_two_sizes_and_checks_the_trees(capsys):
+    code, out, _ = run_main(capsys, ["insert", "--n", "300", "--large", "900", "--repeat", "2"])
+    assert code == 0
+    for line in ("N=      300: one at a time  median", "N=      900: bulk build     median",
+                 "one at a time at 900 / at 300: ", "trees checked, and one at a time finds the bulk build's pairs: OK"):
+        assert line in out
+
+
+def test_routing_times_a_routed_call_and_a_rebalance(capsys):
+    code, out, _ = run_main(capsys, ["routing", "--calls", "10", "--worlds", "3", "--proxies", "50", "--repeats", "1"])
+    assert code == 0
+    for line in ("routed call beyond a direct one (info() and a one-box query, 30 pairs): median ",
+                 "rebalance of 3 worlds of 50 proxies onto a fourth server: median ",
+                 "export and import alone (the floor): median "):
+        assert line in out

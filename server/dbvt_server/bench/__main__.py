@@ -11,6 +11,7 @@
     dbvt-bench persist [DIR] [--repeats R] [--journaled J] ... a data directory's cost, restarts, snapshots
     dbvt-bench sensors [DIR] [--sensors S] [--radius R] ...    moving sensors, watcher latency, many watchers
     dbvt-bench routing [--calls C] [--worlds W] ...            a routed call's cost, and a rebalance's speed
+    dbvt-bench insert [--n N] [--large L] [--repeat R]         insertion at 100k beside 1M
 
 A benchmark given no DIR makes W1 data first, in a temporary directory, so a fresh clone needs
 nothing else. Every command prints its command line, the machine and the load average first, and
@@ -21,7 +22,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dbvt_server.bench import console, core, paired, persist, queries, routing, sensors, wire, workload
+from dbvt_server.bench import console, core, insert, paired, persist, queries, routing, sensors, wire, workload
 
 COMMANDS = {
     "workload": (workload, "make W1 or W2 data with its exact answers (expected.json)"),
@@ -33,6 +34,7 @@ COMMANDS = {
     "socket": (paired, "W1's streamed step and box queries over a Unix socket, against loopback TCP"),
     "persist": (persist, "W1's streamed step with a data directory, restart time, snapshot time and size"),
     "sensors": (sensors, "W1 with moving sphere sensors: the step, a watcher's latency, 8 watchers against 1"),
+    "insert": (insert, "one-at-a-time insertion and the bulk build, W1 at 100k beside 1M"),
     "routing": (routing, "a routed client's cost per call beyond a direct one, and a rebalance's proxies a second"),
 }
 

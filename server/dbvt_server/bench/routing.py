@@ -164,5 +164,6 @@ def report_lines(args, costs: list[float], rates: list[float], floors: list[floa
         f"{statistics.median(rates):,.0f} proxies/s moved (range {min(rates):,.0f}-{max(rates):,.0f}; {args.repeats} runs)",
         f"export and import alone (the floor): median {statistics.median(floors):,.0f} proxies/s "
         f"(range {min(floors):,.0f}-{max(floors):,.0f}); rebalance / floor "
-        f"{statistics.median(rates) / statistics.median(floors):.2f}",
+        + (f"{statistics.median(rates) / statistics.median(floors):.2f}" if statistics.median(floors) else "n/a")
+        + ("" if statistics.median(rates) else " (no world changed owner: give more --worlds)"),
     ]
