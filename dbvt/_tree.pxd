@@ -22,6 +22,8 @@ cdef class TreeBase:
     cdef TreeCore core
     # Past this many hits in one call, a query call stops and raises HitLimit; -1: no limit.
     cdef public int64_t max_hits
+    # Threads a large batch of queries is cut over (dbvt._split); a runtime setting, not serialised.
+    cdef readonly int threads
 
     cdef object _existing(self, object ids)
     cdef object _check_new(self, object ids)

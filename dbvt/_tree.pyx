@@ -13,11 +13,15 @@ import numpy as np
 
 from dbvt import validation
 
-from dbvt._batch cimport batch_free, pairs_free, run_boxes, run_frusta, run_segments, run_spheres, self_pairs
-from dbvt._queries cimport run_ball_casts, run_box_casts, run_nearest, trees_overlap
+from dbvt._batch cimport batch_free, pairs_free, self_pairs
+from dbvt._queries cimport trees_overlap
+from dbvt._split cimport (
+    ROWS_BALL_CASTS, ROWS_BOX_CASTS, ROWS_BOXES, ROWS_FRUSTA, ROWS_NEAREST, ROWS_SEGMENTS, ROWS_SPHERES, Rows,
+    RowsKind, run_rows,
+)
 from dbvt._core cimport (
     HIT_LIMIT, PREFETCH_AHEAD, PROXY_FLAGS, PROXY_LIVE, PROXY_SEEN, PROXY_SENSOR, Batch, IdPair, Node, PairBuffer, Proxy,
-    Query, TreeCore,
+    TreeCore,
     cache_costs, core_add, core_area_ratio, core_bulk_insert, core_check, core_find, core_free, core_height,
     core_init, core_memory, core_move, core_prefetch_find, core_rebuild, core_remove,
     core_reserve, load_box, rehash,
@@ -42,14 +46,16 @@ _BYTE_ORDER_MARK = 0x01020304
 HitLimit = validation.HitLimit
 
 
-cdef inline void start_batch(Batch *b, Query *q, uint32_t mask, const uint32_t *groups, bint first_hit,
-                             int64_t max_hits, uint32_t skip_flags):
+cdef inline void start_batch(Batch *b, Rows *r, RowsKind kind, uint32_t mask, const uint32_t *groups,
+                             bint first_hit, int64_t max_hits, uint32_t skip_flags):
     memset(b, 0, sizeof(Batch))
     b.max_hits = max_hits
-    q.mask = mask
-    q.groups = groups
-    q.skip_flags = skip_flags
-    q.first_hit = first_hit
+    memset(r, 0, sizeof(Rows))
+    r.kind = kind
+    r.mask = mask
+    r.groups = groups
+    r.skip = skip_flags
+    r.first_hit = first_hit
 
 
 cdef object csr(Batch *b, int status, object offsets, bint with_fractions):
@@ -144,6 +150,7 @@ cdef class TreeBase:
     def __cinit__(self, *args, **kwargs):
         core_init(&self.core, 3, 0.0)
         self.max_hits = -1
+        self.threads = 1
 
     def __dealloc__(self):
         core_free(&self.core)
@@ -163,6 +170,10 @@ cdef class TreeBase:
     @property
     def margin(self):
         return self.core.margin
+
+    def _use_threads(self, threads):
+        """For the constructors and from_bytes(): `threads` stays read-only once they have set it."""
+        self.threads = validation.check_threads(threads)
 
     cdef void _after_change(self):
         if DBVT_DEBUG_CHECKS:
@@ -291,13 +302,13 @@ cdef class TreeBase:
         cdef Py_ssize_t n = rows.shape[0]
         offsets = np.empty(n + 1, np.int64)
         cdef int64_t[::1] off = offsets
-        cdef const float *first = &rows[0, 0] if n else NULL
         cdef Batch batch
-        cdef Query q
+        cdef Rows r
         cdef int status
-        start_batch(&batch, &q, mask, groups, False, self.max_hits, skip)
+        start_batch(&batch, &r, ROWS_BOXES, mask, groups, False, self.max_hits, skip)
+        r.shapes = &rows[0, 0] if n else NULL
         with nogil:
-            status = run_boxes(&self.core, &q, first, n, &off[0], &batch)
+            status = run_rows(&self.core, &r, n, self.threads, &off[0], &batch)
         return csr(&batch, status, offsets, False)
 
     cdef object _query_sphere(self, object centers, object radii, uint32_t mask, const uint32_t *groups,
@@ -307,14 +318,14 @@ cdef class TreeBase:
         cdef const float[::1] r = validation.as_radii(radii, n)
         offsets = np.empty(n + 1, np.int64)
         cdef int64_t[::1] off = offsets
-        cdef const float *first = &points[0, 0] if n else NULL
-        cdef const float *first_radius = &r[0] if n else NULL
         cdef Batch batch
-        cdef Query q
+        cdef Rows spheres
         cdef int status
-        start_batch(&batch, &q, mask, groups, False, self.max_hits, skip)
+        start_batch(&batch, &spheres, ROWS_SPHERES, mask, groups, False, self.max_hits, skip)
+        spheres.shapes = &points[0, 0] if n else NULL
+        spheres.radii = &r[0] if n else NULL
         with nogil:
-            status = run_spheres(&self.core, &q, first, first_radius, n, &off[0], &batch)
+            status = run_rows(&self.core, &spheres, n, self.threads, &off[0], &batch)
         return csr(&batch, status, offsets, False)
 
     cdef object _raycast(self, object segments, bint first_hit, uint32_t mask, const uint32_t *groups,
@@ -323,13 +334,13 @@ cdef class TreeBase:
         cdef Py_ssize_t n = rows.shape[0]
         offsets = np.empty(n + 1, np.int64)
         cdef int64_t[::1] off = offsets
-        cdef const float *first = &rows[0, 0] if n else NULL
         cdef Batch batch
-        cdef Query q
+        cdef Rows r
         cdef int status
-        start_batch(&batch, &q, mask, groups, first_hit, self.max_hits, skip)
+        start_batch(&batch, &r, ROWS_SEGMENTS, mask, groups, first_hit, self.max_hits, skip)
+        r.shapes = &rows[0, 0] if n else NULL
         with nogil:
-            status = run_segments(&self.core, &q, first, n, &off[0], &batch)
+            status = run_rows(&self.core, &r, n, self.threads, &off[0], &batch)
         return csr(&batch, status, offsets, True)
 
     cdef object _query_frustum(self, object planes, uint32_t mask, const uint32_t *groups,
@@ -340,13 +351,14 @@ cdef class TreeBase:
         cdef int32_t k = <int32_t>rows.shape[1]
         offsets = np.empty(n + 1, np.int64)
         cdef int64_t[::1] off = offsets
-        cdef const float *first = &rows[0, 0, 0] if n else NULL
         cdef Batch batch
-        cdef Query q
+        cdef Rows r
         cdef int status
-        start_batch(&batch, &q, mask, groups, False, self.max_hits, skip)
+        start_batch(&batch, &r, ROWS_FRUSTA, mask, groups, False, self.max_hits, skip)
+        r.shapes = &rows[0, 0, 0] if n else NULL
+        r.planes = k
         with nogil:
-            status = run_frusta(&self.core, &q, first, n, k, &off[0], &batch)
+            status = run_rows(&self.core, &r, n, self.threads, &off[0], &batch)
         return csr(&batch, status, offsets, False)
 
     cdef object _query_nearest(self, object points, object k, object max_distance, uint32_t mask,
@@ -357,13 +369,15 @@ cdef class TreeBase:
         cdef Py_ssize_t n = rows.shape[0]
         offsets = np.empty(n + 1, np.int64)
         cdef int64_t[::1] off = offsets
-        cdef const float *first = &rows[0, 0] if n else NULL
         cdef Batch batch
+        cdef Rows r
         cdef int status
-        memset(&batch, 0, sizeof(Batch))
-        batch.max_hits = self.max_hits
+        start_batch(&batch, &r, ROWS_NEAREST, mask, groups, False, self.max_hits, skip)
+        r.shapes = &rows[0, 0] if n else NULL
+        r.k = count
+        r.reach = reach
         with nogil:
-            status = run_nearest(&self.core, first, n, count, reach, mask, groups, skip, &off[0], &batch)
+            status = run_rows(&self.core, &r, n, self.threads, &off[0], &batch)
         offsets, hits, distances = csr(&batch, status, offsets, True)
         return offsets, hits, distances.astype(np.float32)
 
@@ -374,14 +388,14 @@ cdef class TreeBase:
         cdef const float[:, ::1] moves = validation.as_displacements(displacements, self.core.dims, n, "boxes")
         offsets = np.empty(n + 1, np.int64)
         cdef int64_t[::1] off = offsets
-        cdef const float *first = &rows[0, 0] if n else NULL
-        cdef const float *first_move = &moves[0, 0] if n else NULL
         cdef Batch batch
+        cdef Rows r
         cdef int status
-        memset(&batch, 0, sizeof(Batch))
-        batch.max_hits = self.max_hits
+        start_batch(&batch, &r, ROWS_BOX_CASTS, mask, groups, first_hit, self.max_hits, skip)
+        r.shapes = &rows[0, 0] if n else NULL
+        r.moves = &moves[0, 0] if n else NULL
         with nogil:
-            status = run_box_casts(&self.core, first, first_move, n, first_hit, mask, groups, skip, &off[0], &batch)
+            status = run_rows(&self.core, &r, n, self.threads, &off[0], &batch)
         return csr(&batch, status, offsets, True)
 
     cdef object _cast_sphere(self, object centers, object radii, object displacements, bint first_hit,
@@ -392,16 +406,15 @@ cdef class TreeBase:
         cdef const float[:, ::1] moves = validation.as_displacements(displacements, self.core.dims, n, "centers")
         offsets = np.empty(n + 1, np.int64)
         cdef int64_t[::1] off = offsets
-        cdef const float *first = &points[0, 0] if n else NULL
-        cdef const float *first_radius = &r[0] if n else NULL
-        cdef const float *first_move = &moves[0, 0] if n else NULL
         cdef Batch batch
+        cdef Rows balls
         cdef int status
-        memset(&batch, 0, sizeof(Batch))
-        batch.max_hits = self.max_hits
+        start_batch(&batch, &balls, ROWS_BALL_CASTS, mask, groups, first_hit, self.max_hits, skip)
+        balls.shapes = &points[0, 0] if n else NULL
+        balls.radii = &r[0] if n else NULL
+        balls.moves = &moves[0, 0] if n else NULL
         with nogil:
-            status = run_ball_casts(&self.core, first, first_radius, first_move, n, first_hit, mask, groups, skip,
-                                    &off[0], &batch)
+            status = run_rows(&self.core, &balls, n, self.threads, &off[0], &batch)
         return csr(&batch, status, offsets, True)
 
     cdef const uint32_t *_groups(self) noexcept:
@@ -520,11 +533,14 @@ cdef class Tree(TreeBase):
 
     `dims` is 2 or 3; boxes are float32 rows `[min..., max...]`. Leaves are fattened by `margin` so
     that small moves do not reinsert them. Every query is exact on the tight boxes, closed intervals.
+    With `threads` > 1, a batch of queries of at least 64 rows a thread is cut over that many threads,
+    with the same answer.
     """
 
-    def __init__(self, int dims=3, margin=0.0):
+    def __init__(self, int dims=3, margin=0.0, *, threads=1):
         self.core.dims = validation.check_dims(dims)
         self.core.margin = validation.check_margin(margin)
+        self.threads = validation.check_threads(threads)
 
     def __repr__(self):
         return f"dbvt.Tree(dims={self.core.dims}, margin={self.core.margin!r}) with {len(self)} proxies"
@@ -616,8 +632,8 @@ cdef class Tree(TreeBase):
         return self._tree_bytes()
 
     @classmethod
-    def from_bytes(cls, data):
-        cdef Tree tree = cls()
+    def from_bytes(cls, data, *, threads=1):
+        cdef Tree tree = cls(threads=threads)
         view = memoryview(data).cast("B")
         if tree._load_tree(view) != len(view):
             raise ValueError("data holds more than a dbvt Tree (a Broadphase's bytes?)")

@@ -9,6 +9,8 @@ from __future__ import annotations
 import numpy as np
 
 MAX_FRUSTUM_PLANES = 32
+# More threads than this for one structure's queries would only be a typo: each needs 64 rows.
+MAX_THREADS = 1024
 UINT32_MAX = 0xFFFFFFFF
 INT64_MAX = 2**63 - 1
 
@@ -31,6 +33,12 @@ def check_sensor_margin(margin: float) -> float:
     if not np.isfinite(value) or value < 0.0:
         raise ValueError(f"sensor_margin must be a finite number >= 0, not {margin!r}")
     return value
+
+
+def check_threads(threads) -> int:
+    if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or not 1 <= threads <= MAX_THREADS:
+        raise ValueError(f"threads must be an int from 1 to {MAX_THREADS}, not {threads!r}")
+    return int(threads)
 
 
 SENSOR_KINDS = {None: 0, "box": 1, "sphere": 2}

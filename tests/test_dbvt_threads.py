@@ -1,0 +1,204 @@
+"""threads=: a batch of queries cut over several threads answers byte for byte as one thread does.
+
+Each query kind runs on one W1-like world held by structures that differ only in `threads`, with
+batches large enough to be cut (64 rows a thread and more), too small to be cut, empty, and cut into
+runs of unequal length; a hit limit must fail the same calls, wherever in the batch it is passed.
+"""
+from __future__ import annotations
+
+import math
+import pickle
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import dbvt
+from worlds import W1World, assert_same_csr
+
+N = 4000
+SIZES = [0, 1, 2, 63, 127, 128, 129, 200, 1001]
+THREADS = [2, 3]
+
+
+@pytest.fixture(scope="module", params=[3, 2], ids=["3d", "2d"])
+def world(request):
+    w = W1World(N, dims=request.param, seed=17)
+    structures = {}
+    for threads in [1, *THREADS]:
+        tree = dbvt.Tree(dims=w.dims, margin=0.1, threads=threads)
+        tree.insert(w.ids, w.boxes)
+        broadphase = dbvt.Broadphase(dims=w.dims, threads=threads)
+        # Alternating groups, so that masked queries leave out about half the proxies.
+        broadphase.create(w.ids, w.boxes, group=np.where(np.arange(N) % 2 == 0, 1, 2).astype(np.uint32))
+        broadphase.update()
+        structures[threads] = (tree, broadphase)
+    return w, structures
+
+
+def batches(w: W1World, q: int) -> dict:
+    """Every batched query, as a call on a structure, for q rows."""
+    boxes = w.query_boxes(q, half=8.0)
+    centers, radii = w.spheres(q)
+    segments = w.segments(q)
+    frusta = w.frusta(max(q, 1), far=30.0)[:q]
+    points = w.rng.uniform(0.0, w.side, size=(q, w.dims)).astype(np.float32)
+    moves = w.rng.normal(scale=10.0, size=(q, w.dims)).astype(np.float32)
+    small = w.query_boxes(q, half=1.0)
+    return {
+        "query_aabb": lambda s: s.query_aabb(boxes),
+        "query_sphere": lambda s: s.query_sphere(centers, radii),
+        "raycast": lambda s: s.raycast(segments),
+        "raycast first_hit": lambda s: s.raycast(segments, first_hit=True),
+        "query_frustum": lambda s: s.query_frustum(frusta),
+        "query_nearest": lambda s: s.query_nearest(points, 5),
+        "query_nearest max_distance": lambda s: s.query_nearest(points, 50, max_distance=6.0),
+        "cast_box": lambda s: s.cast_box(small, moves),
+        "cast_box first_hit": lambda s: s.cast_box(small, moves, first_hit=True),
+        "cast_sphere": lambda s: s.cast_sphere(centers, radii / 4, moves),
+        "cast_sphere first_hit": lambda s: s.cast_sphere(centers, radii / 4, moves, first_hit=True),
+    }
+
+
+def masked_batches(w: W1World, q: int) -> dict:
+    """The Broadphase's own arguments: a mask, so that the proxies' groups filter."""
+    boxes = w.query_boxes(q, half=8.0)
+    segments = w.segments(q)
+    points = w.rng.uniform(0.0, w.side, size=(q, w.dims)).astype(np.float32)
+    return {
+        "query_aabb mask": lambda s: s.query_aabb(boxes, mask=2),
+        "raycast mask": lambda s: s.raycast(segments, mask=1),
+        "query_nearest mask": lambda s: s.query_nearest(points, 3, mask=2),
+    }
+
+
+@pytest.mark.parametrize("q", SIZES)
+def test_every_query_kind_answers_as_one_thread(world, q):
+    w, structures = world
+    calls = batches(w, q)
+    for index, kind in enumerate(["tree", "broadphase"]):
+        expected = {name: call(structures[1][index]) for name, call in calls.items()}
+        if q >= 128:
+            assert len(expected["query_aabb"][1]) > q, "the batch should hit something"
+        for threads in THREADS:
+            for name, call in calls.items():
+                assert_same_csr(call(structures[threads][index]), expected[name], f"{kind} {name} threads={threads}")
+
+
+@pytest.mark.parametrize("q", [0, 100, 1001])
+def test_masked_broadphase_queries_answer_as_one_thread(world, q):
+    w, structures = world
+    for name, call in masked_batches(w, q).items():
+        expected = call(structures[1][1])
+        for threads in THREADS:
+            assert_same_csr(call(structures[threads][1]), expected, f"{name} threads={threads}")
+
+
+def test_a_hit_limit_fails_the_same_calls(world):
+    """The serial loop fails exactly when the hits of the whole batch pass max_hits; cut over threads,
+    the batch must fail then too, whether one run alone passes it or only the runs' sum does."""
+    w, structures = world
+    boxes = w.query_boxes(1000, half=6.0)
+    total = len(structures[1][0].query_aabb(boxes)[1])
+    first_run = len(structures[1][0].query_aabb(boxes[:500])[1])
+    # Passed by the whole batch only; by its first run alone; exactly reached; one below; none at all.
+    limits = [total - 1, first_run - 1, total, total + 1, 0, -1]
+    for limit in limits:
+        outcomes = []
+        for threads in [1, *THREADS]:
+            tree = structures[threads][0]
+            tree.max_hits = limit
+            try:
+                outcomes.append(tree.query_aabb(boxes))
+            except dbvt.HitLimit as exc:
+                outcomes.append(str(exc))
+            finally:
+                tree.max_hits = -1
+        fails = limit >= 0 and total > limit
+        for got in outcomes[1:]:
+            if fails:
+                assert got == outcomes[0] == f"the queries hit more than {limit} proxies (max_hits)"
+            else:
+                assert_same_csr(got, outcomes[0], f"max_hits={limit}")
+
+
+def test_a_hit_limit_counts_nearest_and_casts_too(world):
+    w, structures = world
+    points = w.rng.uniform(0.0, w.side, size=(600, w.dims)).astype(np.float32)
+    moves = w.rng.normal(scale=10.0, size=(600, w.dims)).astype(np.float32)
+    boxes = w.query_boxes(600, half=1.0)
+    calls = [lambda s: s.query_nearest(points, 4), lambda s: s.cast_box(boxes, moves)]
+    for call in calls:
+        total = len(call(structures[1][1])[1])
+        for limit in (total - 1, total):
+            for threads in THREADS:
+                broadphase = structures[threads][1]
+                broadphase.max_hits = limit
+                try:
+                    if limit < total:
+                        with pytest.raises(dbvt.HitLimit):
+                            call(broadphase)
+                    else:
+                        assert len(call(broadphase)[1]) == total
+                finally:
+                    broadphase.max_hits = -1
+
+
+@pytest.mark.parametrize("make", [dbvt.Tree, dbvt.Broadphase])
+@pytest.mark.parametrize("bad", [0, -1, 1.0, 2.5, "2", True, None, 1025, math.inf])
+def test_threads_must_be_a_small_positive_int(make, bad):
+    with pytest.raises(ValueError, match=r"threads must be an int from 1 to 1024, not "):
+        make(threads=bad)
+    with pytest.raises(ValueError, match="threads must be"):
+        make.from_bytes(make().to_bytes(), threads=bad)
+
+
+@pytest.mark.parametrize("make", [dbvt.Tree, dbvt.Broadphase])
+def test_threads_is_a_read_only_runtime_setting(make):
+    structure = make(threads=np.int64(3))
+    assert structure.threads == 3 and type(structure.threads) is int
+    assert make().threads == 1
+    with pytest.raises(AttributeError):
+        structure.threads = 2
+    # Not state: neither the bytes nor a pickle keep it; from_bytes takes it anew.
+    assert make.from_bytes(structure.to_bytes()).threads == 1
+    assert make.from_bytes(structure.to_bytes(), threads=2).threads == 2
+    assert pickle.loads(pickle.dumps(structure)).threads == 1
+    assert structure.to_bytes() == make().to_bytes()
+
+
+def random_boxes(rng, n, dims, side, grid):
+    """n boxes in a cube of `side`; on a grid of halves when `grid`, where touching faces and ties are common."""
+    lows = rng.uniform(-side, side, size=(n, dims))
+    sides = rng.uniform(0.0, side / 4, size=(n, dims)) * (rng.random((n, 1)) < 0.9)
+    if grid:
+        lows, sides = np.round(lows * 2) / 2, np.round(sides * 2) / 2
+    return np.concatenate([lows, lows + sides], axis=1).astype(np.float32)
+
+
+# The rows are drawn by numpy from a seed that hypothesis picks, beside the sizes and the shape of the
+# world: hypothesis drawing hundreds of rows one float at a time is slow and shrinks no better.
+@settings(max_examples=60, deadline=None)
+@given(dims=st.sampled_from([2, 3]), n=st.integers(0, 400), q=st.integers(0, 400), seed=st.integers(0, 2**32 - 1),
+       side=st.sampled_from([5.0, 40.0, 400.0]), grid=st.booleans())
+def test_random_worlds_and_batches_answer_as_one_thread(dims, n, q, seed, side, grid):
+    rng = np.random.default_rng(seed)
+    boxes, queries = random_boxes(rng, n, dims, side, grid), random_boxes(rng, q, dims, side, grid)
+    moves = rng.normal(scale=side / 4, size=(q, dims)).astype(np.float32)
+    centers = queries[:, :dims]
+    radii = (queries[:, dims] - queries[:, 0]).astype(np.float32)
+    serial, split = dbvt.Tree(dims=dims), dbvt.Tree(dims=dims, threads=2)
+    ids = rng.permutation(np.arange(n, dtype=np.uint64) * 7919)
+    for tree in (serial, split):
+        tree.insert(ids, boxes)
+    calls = {
+        "query_aabb": lambda t: t.query_aabb(queries),
+        "query_sphere": lambda t: t.query_sphere(centers, radii),
+        "raycast": lambda t: t.raycast(queries),
+        "query_nearest": lambda t: t.query_nearest(centers, 3),
+        "cast_box": lambda t: t.cast_box(queries, moves, first_hit=True),
+        "cast_sphere": lambda t: t.cast_sphere(centers, radii, moves),
+    }
+    for name, call in calls.items():
+        assert_same_csr(call(split), call(serial), name)
