@@ -3,9 +3,11 @@
 Each query kind runs on one W1-like world held by structures that differ only in `threads`, with
 batches large enough to be cut (64 rows a thread and more), too small to be cut, empty, and cut into
 runs of unequal length; a hit limit must fail the same calls, wherever in the batch it is passed.
+The server's --threads-per-world reaches every world's core: created, restored and imported.
 """
 from __future__ import annotations
 
+import io
 import math
 import pickle
 
@@ -15,6 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import dbvt
+from dbvt_client import Client
+from servers import ServerProcess, ServerThread
 from worlds import W1World, assert_same_csr
 
 N = 4000
@@ -202,3 +206,86 @@ def test_random_worlds_and_batches_answer_as_one_thread(dims, n, q, seed, side, 
     }
     for name, call in calls.items():
         assert_same_csr(call(split), call(serial), name)
+
+
+def server_answers(client: Client, name: str, w: W1World, q: int) -> dict:
+    """Every query kind of the SDK on the world `name`, q rows each, from the world's own generator."""
+    world = client.world(name)
+    boxes = w.query_boxes(q, half=8.0)
+    centers, radii = w.spheres(q)
+    segments = w.segments(q)
+    frusta = w.frusta(q, far=30.0)
+    moves = w.rng.normal(scale=10.0, size=(q, w.dims)).astype(np.float32)
+    return {
+        "query_aabb": world.query_aabb(boxes),
+        "query_sphere": world.query_sphere(centers, radii),
+        "raycast": world.raycast(segments),
+        "query_frustum": world.query_frustum(frusta, mask=2),
+        "query_nearest": world.query_nearest(centers, 4),
+        "cast_box": world.cast_box(w.query_boxes(q, half=1.0), moves, first_hit=True),
+        "cast_sphere": world.cast_sphere(centers, radii / 4, moves),
+    }
+
+
+def test_a_server_with_threads_per_world_answers_as_one_thread(tmp_path):
+    """Worlds created, restored from the data directory and imported, on a server cut over 2 threads a
+    world, answer every query kind as one in-process Broadphase does."""
+    w = W1World(N, seed=23)
+    groups = np.where(np.arange(N) % 3 == 0, 1, 2).astype(np.uint32)
+    local = Client.local()
+    local.create_world("serial").apply(create=(w.ids, w.boxes), group=groups)
+    seed = w.rng.bit_generator.state
+
+    def expected():
+        w.rng.bit_generator.state = seed
+        return server_answers(local, "serial", w, 1000)
+
+    def check(client, name):
+        w.rng.bit_generator.state = seed
+        for kind, got in server_answers(client, name, w, 1000).items():
+            assert_same_csr(tuple(got), tuple(answers[kind]), f"{name} {kind}")
+
+    answers = expected()
+    server = ServerProcess("--threads-per-world", "2", "--data-dir", str(tmp_path))
+    try:
+        assert "threads_per_world=2" in server.wait_for_line("listening on")
+        with Client(server.target) as client:
+            client.create_world("created").apply(create=(w.ids, w.boxes), group=groups)
+            check(client, "created")
+            image = io.BytesIO()
+            client.world("created").export(image)
+            image.seek(0)
+            client.import_world("imported", image)
+            check(client, "imported")
+    finally:
+        server.terminate()
+    server = ServerProcess("--threads-per-world", "2", "--data-dir", str(tmp_path))
+    try:
+        with Client(server.target) as client:
+            check(client, "created")
+    finally:
+        server.terminate()
+
+
+def test_every_world_of_a_server_gets_its_threads(tmp_path):
+    """The setting reaches the core of a world created, imported and restored (the last two are decoded
+    from an image, which does not hold it)."""
+    def threads_of(server):
+        return {world.name: world.broadphase.threads for world in server.running.servicer.service.worlds()}
+
+    server = ServerThread(threads_per_world=3, data_dir=str(tmp_path))
+    try:
+        with Client(server.target) as client:
+            client.create_world("created").apply(create=([1, 2], [[0, 0, 0, 1, 1, 1], [1, 1, 1, 2, 2, 2]]))
+            image = io.BytesIO()
+            client.world("created").export(image)
+            image.seek(0)
+            client.import_world("imported", image)
+        assert threads_of(server) == {"created": 3, "imported": 3}
+    finally:
+        server.stop()
+    server = ServerThread(threads_per_world=2, data_dir=str(tmp_path))
+    try:
+        assert threads_of(server) == {"created": 2, "imported": 2}
+    finally:
+        server.stop()

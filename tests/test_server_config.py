@@ -53,6 +53,8 @@ REFUSED = [
     ("grace_seconds", "nan", "grace_seconds must be a finite number >= 0"),
     ("log_level", "loud", "log_level must be one of DEBUG, INFO, WARNING, ERROR"),
     ("workers", "0", "workers must be positive"),
+    ("threads_per_world", "0", "threads_per_world must be between 1 and 1024"),
+    ("threads_per_world", "1025", "threads_per_world must be between 1 and 1024"),
 ]
 
 

@@ -129,7 +129,8 @@ async def create_server(config: Config) -> Running:
     rejections = Rejections()
     limits = Limits(config.max_worlds, config.max_proxies_per_world, config.max_message_bytes,
                     config.max_staged_bytes, config.max_queued_per_world, config.max_pairs_per_world,
-                    config.max_hits_per_call, config.watch_history, config.max_watch_backlog)
+                    config.max_hits_per_call, config.watch_history, config.max_watch_backlog,
+                    config.threads_per_world)
     replicas = Replicas(config.peers, config.advertise)
     replicas.refresh()
     service = Service(limits, Store(config.data_dir, config.fsync) if config.data_dir else None, replicas)
@@ -332,9 +333,10 @@ async def serve(config: Config) -> None:
     if running.metrics_endpoint is not None:
         log.info("metrics on http://%s/metrics (and /healthz, /readyz)",
                  address(split_address(config.metrics_address)[0], running.metrics_endpoint.port))
-    log.info("dbvt-server listening on %s (%s, workers=%d, max_message_bytes=%d, max_worlds=%d, "
-             "max_proxies_per_world=%d)", ", ".join(running.addresses), _security(config), config.workers,
-             config.max_message_bytes, config.max_worlds, config.max_proxies_per_world)
+    log.info("dbvt-server listening on %s (%s, workers=%d, threads_per_world=%d, max_message_bytes=%d, "
+             "max_worlds=%d, max_proxies_per_world=%d)", ", ".join(running.addresses), _security(config),
+             config.workers, config.threads_per_world, config.max_message_bytes, config.max_worlds,
+             config.max_proxies_per_world)
     if config.exposed:
         log.warning("listening on %s, beyond this machine, without %s: anyone who can reach the port may read, "
                     "change and delete every world (see docs/operations.md, Security)",

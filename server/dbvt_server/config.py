@@ -8,6 +8,7 @@ import os
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
+from dbvt.validation import MAX_THREADS
 from dbvt_client.routing import is_dns
 from dbvt_server import __version__
 
@@ -38,6 +39,7 @@ class Config:
     log_level: str = "INFO"
     log_format: str = "text"
     workers: int = max(2, os.cpu_count() or 1)
+    threads_per_world: int = 1
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_client_ca: str | None = None
@@ -166,6 +168,10 @@ SETTINGS = [
             lambda value: value in ("text", "json"), "must be text or json"),
     Setting("workers", "DBVT_WORKERS", int, "threads running world operations (different worlds run in parallel)",
             _positive, "must be positive", stated_default="the number of cores, at least 2"),
+    Setting("threads_per_world", "DBVT_THREADS_PER_WORLD", int,
+            "threads one world's query call may use: a call of at least 64 queries a thread is cut over them, "
+            "with the same answer; a busy server runs up to --workers times this many threads",
+            lambda threads: 1 <= threads <= MAX_THREADS, f"must be between 1 and {MAX_THREADS}"),
     Setting("tls_cert", "DBVT_TLS_CERT", str, "PEM certificate chain: with --tls-key, the server speaks only TLS",
             stated_default="none, plaintext"),
     Setting("tls_key", "DBVT_TLS_KEY", str, "PEM private key of --tls-cert", stated_default="none"),

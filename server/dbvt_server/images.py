@@ -55,8 +55,9 @@ def encode(settings: dict, broadphase: Broadphase) -> list[bytes]:
     return [header, meta, body, TRAILER.pack(crc)]
 
 
-def decode(data) -> Image:
-    """The world an image holds, or ImageError naming the first problem found."""
+def decode(data, threads: int = 1) -> Image:
+    """The world an image holds, or ImageError naming the first problem found. `threads` is the core's
+    (a setting of the server, not of the image)."""
     view = memoryview(data).cast("B")
     if len(view) < HEADER.size + TRAILER.size:
         raise ImageError(f"{len(view)} bytes are too few for a world image")
@@ -79,7 +80,7 @@ def decode(data) -> Image:
         raise ImageError(f"the image's settings cannot be read: {exc}") from None
     _check(settings)
     try:
-        broadphase = Broadphase.from_bytes(view[meta_end:-TRAILER.size])
+        broadphase = Broadphase.from_bytes(view[meta_end:-TRAILER.size], threads=threads)
     except (ValueError, MemoryError) as exc:
         raise ImageError(f"the image's core is not valid: {exc}") from None
     _check_against_core(settings, broadphase)

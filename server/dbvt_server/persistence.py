@@ -335,24 +335,25 @@ class Store:
     def forget(self, files: WorldFiles) -> None:
         self._open.pop(id(files), None)
 
-    def restore(self, make_world: Callable) -> list:
+    def restore(self, make_world: Callable, threads: int = 1) -> list:
         """Every world of the data directory, as it was: `make_world(image)` builds each from its
         newest good snapshot, then its journal is replayed. A world that cannot be restored is left
-        out with an ERROR and its files moved to quarantine/; the others come up."""
+        out with an ERROR and its files moved to quarantine/; the others come up. `threads` is each
+        core's (--threads-per-world): a runtime setting, which snapshots do not hold."""
         worlds = []
         for entry in sorted(os.listdir(self.worlds_dir)):
-            world = self._restore(os.path.join(self.worlds_dir, entry), make_world)
+            world = self._restore(os.path.join(self.worlds_dir, entry), make_world, threads)
             if world is not None:
                 worlds.append(world)
         return worlds
 
-    def _restore(self, directory: str, make_world: Callable):
+    def _restore(self, directory: str, make_world: Callable, threads: int):
         snapshots = _ticked(directory, SNAPSHOT)
         image, damaged = None, []
         for tick, path in reversed(snapshots):
             try:
                 with open(path, "rb") as file:
-                    image = images.decode(file.read())
+                    image = images.decode(file.read(), threads)
                 break
             except (OSError, images.ImageError) as exc:
                 log.error("world directory %s: snapshot %s cannot be used (%s); trying the one before it",

@@ -37,7 +37,8 @@ class Limits:
     def __init__(self, max_worlds: int, max_proxies_per_world: int, max_message_bytes: int,
                  max_staged_bytes: int = 2**62, max_queued_per_world: int = 2**62,
                  max_pairs_per_world: int = DEFAULT_MAX_PAIRS, max_hits_per_call: int = DEFAULT_MAX_HITS,
-                 watch_history: int = DEFAULT_WATCH_HISTORY, max_watch_backlog: int = DEFAULT_MAX_WATCH_BACKLOG):
+                 watch_history: int = DEFAULT_WATCH_HISTORY, max_watch_backlog: int = DEFAULT_MAX_WATCH_BACKLOG,
+                 threads_per_world: int = 1):
         self.max_worlds = max_worlds
         self.max_proxies_per_world = max_proxies_per_world
         self.max_message_bytes = max_message_bytes
@@ -47,6 +48,8 @@ class Limits:
         self.max_hits_per_call = max_hits_per_call
         self.watch_history = watch_history
         self.max_watch_backlog = max_watch_backlog
+        # Not a limit, but every world's setting as these are: its query calls' threads.
+        self.threads_per_world = threads_per_world
 
 
 class Service:
@@ -112,7 +115,8 @@ class Service:
                                           created=False)
         self._check_owned(name)
         self._check_room(name)
-        world = World(name, **settings, max_hits=self.limits.max_hits_per_call, incarnation=new_incarnation())
+        world = World(name, **settings, max_hits=self.limits.max_hits_per_call, incarnation=new_incarnation(),
+                      threads=self.limits.threads_per_world)
         if not world.ephemeral:
             world.files = self.store.create(world)
         self._adopt(world)
@@ -229,7 +233,8 @@ class Service:
     # ---- restarts, snapshots, export and import ------------------------------------------------
     def restore(self) -> list[World]:
         """Every world of the data directory, back in the registry (before the server serves)."""
-        restored = self.store.restore(lambda image: World.from_image(image, self.limits.max_hits_per_call))
+        restored = self.store.restore(lambda image: World.from_image(image, self.limits.max_hits_per_call),
+                                      self.limits.threads_per_world)
         for world in restored:
             self._adopt(world)
         return restored
@@ -280,7 +285,7 @@ class Service:
         """The world an image holds, checked against the server's limits, its files written: the
         slow part of an import, on a worker thread, for a name already reserved."""
         try:
-            image = images.decode(data)
+            image = images.decode(data, self.limits.threads_per_world)
         except images.ImageError as exc:
             raise InvalidArgument(f"cannot import world {quoted(name)}: {exc}; nothing was created") from None
         settings = image.settings

@@ -42,12 +42,14 @@ def _renamed(exc: Exception, field: str) -> Exception:
 class World:
     def __init__(self, name: str, dims: int, margin: float, max_proxies: int, track_pairs: bool,
                  max_pairs: int = 2**62, max_hits: int = -1, incarnation: int = 0, ephemeral: bool = True,
-                 broadphase: Broadphase | None = None, tick: int = 0, sensor_margin: float = 0.0):
+                 broadphase: Broadphase | None = None, tick: int = 0, sensor_margin: float = 0.0,
+                 threads: int = 1):
         self.name = name
         self.max_proxies = max_proxies
         self.max_pairs = max_pairs
+        # `threads` for a new core; a decoded one (`broadphase`) got the server's from images.decode.
         self.broadphase = broadphase or Broadphase(dims=dims, margin=margin, track_pairs=track_pairs,
-                                                   sensor_margin=sensor_margin)
+                                                   sensor_margin=sensor_margin, threads=threads)
         self.sensor_margin = float(sensor_margin)
         # The core stops a query call past this many hits, before it has built their answer.
         self.broadphase.max_hits = max_hits
