@@ -6,6 +6,7 @@ from dbvt._core cimport Batch, TreeCore
 
 cdef enum:
     ROWS_PER_PART = 64              # a thread is started for no fewer rows than this
+    CHUNKS_PER_THREAD = 8           # the rows are cut into this many chunks a thread, taken in turn
 
 cdef enum RowsKind:
     ROWS_BOXES

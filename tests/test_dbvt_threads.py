@@ -127,6 +127,28 @@ def test_a_hit_limit_fails_the_same_calls(world):
                 assert_same_csr(got, outcomes[0], f"max_hits={limit}")
 
 
+def test_a_hit_limit_passed_within_one_chunk(world):
+    """All the hits in a few rows in the middle of the batch: one chunk alone passes the limit, the
+    chunks before it hold nothing, and those after it nothing either."""
+    w, structures = world
+    far = np.tile(np.float32([-100] * w.dims + [-99] * w.dims), (1000, 1))
+    boxes = far.copy()
+    boxes[600:603] = np.float32([0] * w.dims + [w.side] * w.dims)
+    for threads in [1, *THREADS]:
+        tree = structures[threads][0]
+        for limit, fails in ((N - 1, True), (3 * N - 1, True), (3 * N, False)):
+            tree.max_hits = limit
+            try:
+                if fails:
+                    with pytest.raises(dbvt.HitLimit, match=f"more than {limit} proxies"):
+                        tree.query_aabb(boxes)
+                else:
+                    offsets, hits = tree.query_aabb(boxes)
+                    assert len(hits) == 3 * N and offsets[600] == 0 and offsets[603] == 3 * N
+            finally:
+                tree.max_hits = -1
+
+
 def test_a_hit_limit_counts_nearest_and_casts_too(world):
     w, structures = world
     points = w.rng.uniform(0.0, w.side, size=(600, w.dims)).astype(np.float32)
