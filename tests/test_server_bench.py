@@ -101,5 +101,12 @@ def test_queries_bench_times_every_query_checks_them_and_says_about_rtree(capsys
         median, spread = (cell.strip() for cell in line.split("|")[2:4])
         low, high = (float(end) for end in spread.split("-"))
         assert 0 < low <= float(median) <= high
-    assert "MISMATCH" not in out and out.count("  OK ") >= 4
+    assert "MISMATCH" not in out and out.count("  OK ") >= 5
     assert "rtree nearest, k = 8" in out or "rtree: not installed" in out
+    assert "threads inside one world: threads=2 against threads=1, wall time, 3 paired runs" in out
+    assert "OK       threads=2: box queries and segments against threads=1: identical" in out
+    for label in ("10000 box queries, side 10 ", "10000 segments, all hits "):
+        [line] = [line for line in out.splitlines() if line.startswith(label)]
+        serial, split, gain, spread = line[len(label):].split()
+        low, high = (float(end) for end in spread.split("-"))
+        assert float(serial) > 0 and float(split) > 0 and 0 < low <= float(gain) <= high

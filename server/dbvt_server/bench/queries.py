@@ -15,6 +15,12 @@ repeat too, as a control: its figure on a quiet day is known, so it tells how fa
 (equal bit for bit), rtree's nearest ids against dbvt's, and the overlap against the pairs across the
 two worlds that Tree.pairs() finds in their union (one box query per proxy). A mismatch makes the exit
 status 1.
+
+Threads inside one world: in every repeat W1's 10,000 box queries (side 10) and 10,000 segments (all
+hits) run on the first world as it is (threads=1) and on a twin with threads=--threads, taking turns to
+go first. These figures are wall time (time.perf_counter), since the CPU time of a call cut over
+threads is their sum; each run's speed-up is its threads=1 time over its threads=T time, and the
+median of the runs' speed-ups is the figure. The twin's answers must equal the world's byte for byte.
 """
 from __future__ import annotations
 
@@ -22,7 +28,9 @@ import argparse
 import importlib.util
 import json
 import os
+import gc
 import statistics
+import time
 from pathlib import Path
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")   # as in bench.core: no spinning BLAS threads
@@ -60,6 +68,8 @@ def add_arguments(parser) -> None:
                         help="points rtree answers one call at a time, of the --points [2000]")
     parser.add_argument("--repeat", type=workload.at_least(3), default=7, help="runs of every figure, at least 3 [7]")
     parser.add_argument("--no-rtree", action="store_true", help="skip the rtree anchor")
+    parser.add_argument("--threads", type=workload.at_least(2), default=2,
+                        help="threads of the twin world timed against threads=1 [2]")
     parser.add_argument("--json", type=Path, help="also write every figure and check here")
 
 
@@ -79,6 +89,50 @@ def dbvt_calls(world, other, q: dict, boxes: np.ndarray) -> dict:
             "cast_sphere": lambda: world.cast_sphere(q["points"], BALL_RADIUS, q["moves"]),
             "overlap": lambda: dbvt.overlap(world, other),
             "query_aabb": lambda: world.query_aabb(boxes)}
+
+
+def wall(action):
+    """Wall seconds of one call and its result; no garbage collection pause lands inside."""
+    gc.collect()
+    gc.disable()
+    try:
+        start = time.perf_counter()
+        result = action()
+        return time.perf_counter() - start, result
+    finally:
+        gc.enable()
+
+
+def threads_round(sides: list, work: workload.Workload, first: bool) -> tuple[dict, list]:
+    """One paired run: each side's wall seconds for the box queries and the segments, the threads=1 side
+    first when `first`; and every answer, for the check."""
+    seconds, answers = {}, []
+    for count, world in (sides if first else sides[::-1]):
+        for key, call in (("box", lambda: world.query_aabb(work.q_aabb)), ("segment", lambda: world.raycast(work.q_ray))):
+            seconds[key, count], answer = wall(call)
+            answers.append((key, count, answer))
+    return seconds, answers
+
+
+def threads_table(runs: list[dict], threads: int, work: workload.Workload) -> str:
+    lines = [f"threads inside one world: threads={threads} against threads=1, wall time, {len(runs)} paired runs",
+             f"{'':34}{'threads=1 ms':>13}{f'threads={threads} ms':>13}{'speed-up':>10}{'range':>12}"]
+    for key, label in (("box", f"{len(work.q_aabb)} box queries, side 10"),
+                       ("segment", f"{len(work.q_ray)} segments, all hits")):
+        serial, split = ([run[key, count] for run in runs] for count in (1, threads))
+        gains = [a / b for a, b in zip(serial, split)]
+        lines.append(f"{label:34}{statistics.median(serial) * 1e3:13.2f}{statistics.median(split) * 1e3:13.2f}"
+                     f"{statistics.median(gains):10.2f}{f'{min(gains):.2f}-{max(gains):.2f}':>12}")
+    return "\n".join(lines)
+
+
+def same_answers(answers: list, threads: int) -> tuple[str, bool, str]:
+    by_side = {(key, count): answer for key, count, answer in answers}
+    same = all(len(by_side[key, 1]) == len(by_side[key, threads])
+               and all(np.array_equal(a, b) and a.dtype == b.dtype for a, b in zip(by_side[key, 1], by_side[key, threads]))
+               for key in ("box", "segment"))
+    return (f"threads={threads}: box queries and segments against threads=1", same,
+            "identical" if same else "different")
 
 
 def rtree_index(boxes: np.ndarray):
@@ -174,6 +228,8 @@ def run(args, facts: dict) -> int:
     world, other = dbvt.Broadphase(track_pairs=False), dbvt.Broadphase(track_pairs=False)
     world.create(first.ids, first.boxes)
     other.create(second.ids, second.boxes)
+    split = dbvt.Broadphase(track_pairs=False, threads=args.threads)
+    split.create(first.ids, first.boxes)
     world_twin = reference.Broadphase(track_pairs=False)
     world_twin.create(first.ids, first.boxes)
     q = query_sets(first.meta["world_side"], args.points, args.seed + 2)
@@ -194,6 +250,7 @@ def run(args, facts: dict) -> int:
         anchor = rtree_calls(rtree_index(first.boxes), q["points"][:counts["rtree_nearest"]])
 
     runs: dict[str, list[float]] = {}
+    threads_runs: list[dict] = []
     checks, hit_counts = [], {}
     for attempt in range(args.repeat):
         # dbvt and rtree take turns going first, so that neither always meets the machine warmer.
@@ -212,8 +269,10 @@ def run(args, facts: dict) -> int:
                 else:
                     rtree_results = rtree_results or {}
                     rtree_results[key] = answer
+        paired, answers = threads_round([(1, world), (args.threads, split)], first, attempt % 2 == 0)
+        threads_runs.append(paired)
         if attempt == 0:
-            checks = check(world_twin, world, other, q, results, rtree_results)
+            checks = check(world_twin, world, other, q, results, rtree_results) + [same_answers(answers, args.threads)]
             hit_counts = {key: len(results[key][1]) / args.points for key in ("nearest", "cast_box", "cast_sphere")}
             hit_counts["overlap"] = len(results["overlap"])
         print(f"run {attempt + 1}/{args.repeat}: nearest {runs['nearest'][-1]:.2f} us, cast_box "
@@ -226,13 +285,18 @@ def run(args, facts: dict) -> int:
     print(f"targets are the project's, for W1 at N=100k; CPU time, median of {args.repeat} runs, range beside it; "
           "speed-up = rtree median / dbvt median\n")
     print(format_table(runs))
+    print()
+    print(threads_table(threads_runs, args.threads, first))
     print("\ncorrectness:")
     for item, ok, detail in checks:
         print(f"  {'OK      ' if ok else 'MISMATCH'} {item}: {detail}")
     console.footer(facts)
     if args.json:
         args.json.write_text(json.dumps({**facts, "n": args.n, "points": args.points, "repeat": args.repeat,
-                                         "runs": runs, "hits": hit_counts,
+                                         "runs": runs, "hits": hit_counts, "threads": args.threads,
+                                         "threads_runs": [{f"{key}_threads_{count}": value
+                                                           for (key, count), value in run.items()}
+                                                          for run in threads_runs],
                                          "checks": [{"item": i, "ok": ok, "detail": d} for i, ok, d in checks]},
                                         indent=1))
     return 0 if all(ok for _, ok, _ in checks) else 1
