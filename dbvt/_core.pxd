@@ -177,30 +177,6 @@ cdef inline bint pair_allowed(const TreeCore *t, const uint32_t *groups, const u
     return listed_allowed(t, groups, masks, a, b)
 
 
-cdef inline bint sensor_touches(const TreeCore *t, int32_t sensor, int32_t other, double grow) noexcept nogil:
-    """Whether `other`'s tight box touches the sensor's shape grown by `grow` (closed): its tight box
-    grown on every side, or the largest ball inside it (centre the box's, radius half its smallest
-    side) with radius + grow. Decided in float64, with the operations dbvt.reference uses."""
-    cdef const float *s = t.proxies[sensor].tight
-    cdef const float *b = t.proxies[other].tight
-    cdef double centre, gap, radius, distance_sq = 0.0
-    cdef int i
-    if t.proxies[sensor].flags & PROXY_SENSOR_BOX:
-        for i in range(t.dims):
-            if <double>b[i] > <double>s[i + 3] + grow or <double>b[i + 3] < <double>s[i] - grow:
-                return False
-        return True
-    radius = 0.5 * (<double>s[3] - <double>s[0])
-    for i in range(1, t.dims):
-        radius = min(radius, 0.5 * (<double>s[i + 3] - <double>s[i]))
-    for i in range(t.dims):
-        centre = 0.5 * (<double>s[i] + <double>s[i + 3])
-        gap = max(<double>b[i] - centre, centre - <double>b[i + 3], 0.0)
-        distance_sq += gap * gap
-    radius += grow
-    return distance_sq <= radius * radius
-
-
 # ---------------------------------------------------------------------------------------------
 # Boxes: float[6] = min x y z, max x y z; 2-D boxes have z = [0, 0]. Only min/max and monotone
 # arithmetic touch stored bounds, so a parent always contains its children.

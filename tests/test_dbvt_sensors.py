@@ -184,3 +184,56 @@ def test_sensors_need_pair_tracking_and_a_sane_margin():
     for margin in (-1.0, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="sensor_margin must be a finite number >= 0"):
             dbvt.Broadphase(sensor_margin=margin)
+
+
+@pytest.mark.parametrize("dims", [2, 3])
+@pytest.mark.parametrize("sensor_margin", [0.0, 0.75])
+def test_passing_over_pairs_whose_slack_remains_never_misses_an_event(dims, sensor_margin):
+    """A moving sensor re-tests only the partners whose drift since their last test, with its own, may
+    have reached the distance to their next threshold. Here sensors and many proxies around them take
+    small quarter-unit steps, so that partners come to rest exactly on a threshold (distance = radius,
+    or radius + margin) after several moves of either side, sometimes both in one tick, sometimes
+    after a long wait; and now and then a proxy jumps. After every update the events and the whole
+    set must be the reference's, and validate() checks that every pair a re-test would pass over is
+    already decided as a test would decide it."""
+    rng = np.random.default_rng(1234 + dims)
+    real = dbvt.Broadphase(dims=dims, margin=0.1, sensor_margin=sensor_margin)
+    ref = reference.Broadphase(dims=dims, margin=0.1, sensor_margin=sensor_margin)
+    n, sensors = 120, 4
+    lows = rng.integers(-24, 24, size=(n, dims)) / 4
+    sizes = rng.integers(0, 6, size=(n, dims)) / 4
+    centres = rng.integers(-8, 8, size=(sensors, dims)) / 4
+    radii = np.array([3.0, 4.0, 2.5, 3.5])[:, None]
+    kinds = np.array([2, 2, 1, 1], np.uint8)
+
+    def proxy_boxes():
+        return np.concatenate([lows, lows + sizes], axis=1).astype(np.float32)
+
+    def sensor_boxes():
+        return np.concatenate([centres - radii, centres + radii], axis=1).astype(np.float32)
+
+    sensor_ids = np.arange(1000, 1000 + sensors, dtype=np.uint64)
+    for world in (real, ref):
+        world.create(np.arange(n, dtype=np.uint64), proxy_boxes())
+        world.create(sensor_ids, sensor_boxes(), sensor=kinds)
+    velocity = rng.choice([-0.25, 0.0, 0.25], size=(sensors, dims))
+    for tick in range(150):
+        for got, expected in zip(real.update(), ref.update()):
+            np.testing.assert_array_equal(got, expected)
+        for got, expected in zip(real.sensor_events(), ref.sensor_events()):
+            np.testing.assert_array_equal(got, expected)
+        real.validate()
+        if tick % 40 == 39:
+            real = dbvt.Broadphase.from_bytes(real.to_bytes())
+        movers = rng.choice(n, size=12, replace=False)
+        lows[movers] += rng.choice([-0.25, 0.0, 0.25], size=(12, dims))
+        if tick % 7 == 0:
+            lows[movers[:2]] = rng.integers(-24, 24, size=(2, dims)) / 4
+        if tick % 5 == 0:
+            velocity = rng.choice([-0.25, 0.0, 0.25], size=(sensors, dims))
+        centres += velocity
+        boxes = proxy_boxes()
+        for world in (real, ref):
+            world.move(movers.astype(np.uint64), boxes[movers])
+            world.move(sensor_ids, sensor_boxes())
+    np.testing.assert_array_equal(real.sensor_pairs(), ref.sensor_pairs())
