@@ -27,8 +27,8 @@ from dbvt import validation
 
 from dbvt._batch cimport pairs_free, pairs_push, rows_push, self_pairs, sort_int32, sort_pairs
 from dbvt._core cimport (
-    PREFETCH_AHEAD, PROXY_LIVE, PROXY_MOVED, PROXY_REFAT, PROXY_SENSOR, PROXY_SENSOR_BOX, PROXY_SENSOR_SPHERE,
-    PROXY_STATIC, QUERY_FAT_BOX, Hits, IdPair, PairBuffer, Proxy, Query, Stack, TreeCore, box_contains, boxes_overlap,
+    PREDICTION_STEPS, PREFETCH_AHEAD, PROXY_LIVE, PROXY_MOVED, PROXY_REFAT, PROXY_SENSOR, PROXY_SENSOR_BOX,
+    PROXY_SENSOR_SPHERE, PROXY_STATIC, QUERY_FAT_BOX, Hits, IdPair, PairBuffer, Proxy, Query, Stack, TreeCore, box_contains, boxes_overlap,
     core_move, core_remove, core_reserve, hits_free, listed_allowed, load_box, pair_allowed, prefetch, stack_free, walk,
 )
 from dbvt._sensors cimport ROUNDING, Shape, move_drift, shape_of, shape_touches
@@ -42,6 +42,10 @@ cdef inline uint32_t sensor_flag(unsigned char kind) noexcept nogil:
 
 
 cdef enum:
+    # A sensor's new fat box covers this many more moves like its last: more than a proxy's, since
+    # refreshing a sensor's partners (a walk and a merge of hundreds) costs far more than carrying
+    # the few more partners of a longer box, most of which its budgets pass over.
+    SENSOR_PREDICTION_STEPS = 8
     TOUCHING = 1                    # the tight boxes overlap: the pair exists for the user
     INLINE_PARTNERS = 2
     FAT_LIMIT = 2                   # a status: update(max_fat_pairs=...) stopped at its limit
@@ -455,8 +459,10 @@ cdef class Broadphase(TreeBase):
             # partners start untested: it only matters how far proxies move from then on.
             self.drift[proxy] = nextafter(self.drift[proxy] + move_drift(p.tight, tight, p.flags, self.core.dims),
                                           INFINITY)
-        if not (p.flags & PROXY_SENSOR) or self.sensor_margin == 0.0:
-            return core_move(&self.core, proxy, tight)
+        if not (p.flags & PROXY_SENSOR):
+            return core_move(&self.core, proxy, tight, PREDICTION_STEPS)
+        if self.sensor_margin == 0.0:
+            return core_move(&self.core, proxy, tight, SENSOR_PREDICTION_STEPS)
         grow_outward(tight, reach, self.sensor_margin, self.core.dims)
         if box_contains(p.fat, reach):
             memcpy(p.tight, tight, 6 * sizeof(float))
@@ -464,7 +470,7 @@ cdef class Broadphase(TreeBase):
         # core_move predicts the next move from the last one: let it compare reach with reach.
         grow_outward(p.tight, old_reach, self.sensor_margin, self.core.dims)
         memcpy(p.tight, old_reach, 6 * sizeof(float))
-        refat = core_move(&self.core, proxy, reach)
+        refat = core_move(&self.core, proxy, reach, SENSOR_PREDICTION_STEPS)
         memcpy(self.core.proxies[proxy].tight, tight, 6 * sizeof(float))
         return refat
 

@@ -32,12 +32,6 @@ cdef enum:
     # faster than reinserting below the ancestor, for a 1% higher SAH cost that does not creep up.
     ENLARGE_LEVELS = 3
 
-# A reinserted leaf's new fat box also covers this many more moves of the same displacement (Box2D's
-# aabbMultiplier), so steadily moving objects are reinserted every few moves instead of every move.
-# On W1 (10% of proxies move per step, |v| <= 0.5) 3 cuts reinsertions from 52% to 32% of moves and the
-# broadphase step by about 40%, for about 30% more fat-box partners.
-cdef float PREDICTION_STEPS = 3.0
-
 
 # ---------------------------------------------------------------------------------------------
 # Boxes (the primitives every module shares are in _core.pxd).
@@ -552,9 +546,9 @@ cdef void core_remove(TreeCore *t, int32_t proxy) noexcept nogil:
     t.proxy_count -= 1
 
 
-cdef bint core_move(TreeCore *t, int32_t proxy, const float *tight) noexcept nogil:
+cdef bint core_move(TreeCore *t, int32_t proxy, const float *tight, float prediction) noexcept nogil:
     """Give a proxy a new tight box; True when it left its fat box and got a new one (kept in place
-    when a near ancestor holds that, else reinserted)."""
+    when a near ancestor holds that, else reinserted), covering `prediction` more such moves."""
     cdef Proxy *p = &t.proxies[proxy]
     cdef float shift, limit
     cdef float fat[6]
@@ -567,7 +561,7 @@ cdef bint core_move(TreeCore *t, int32_t proxy, const float *tight) noexcept nog
     for i in range(t.dims):
         # Predict the next move from this one, but never by more than the box's own size: a
         # teleport must not leave a huge fat box behind.
-        shift = PREDICTION_STEPS * (tight[i] - p.tight[i])
+        shift = prediction * (tight[i] - p.tight[i])
         limit = tight[i + 3] - tight[i] + t.margin
         if shift > limit:
             shift = limit

@@ -15,8 +15,8 @@ from dbvt import validation
 from dbvt._batch cimport batch_free, pairs_free, run_boxes, run_frusta, run_segments, run_spheres, self_pairs
 from dbvt._queries cimport run_ball_casts, run_box_casts, run_nearest, trees_overlap
 from dbvt._core cimport (
-    HIT_LIMIT, PREFETCH_AHEAD, PROXY_FLAGS, PROXY_LIVE, PROXY_SEEN, PROXY_SENSOR, Batch, IdPair, Node, PairBuffer, Proxy,
-    Query, TreeCore,
+    HIT_LIMIT, PREDICTION_STEPS, PREFETCH_AHEAD, PROXY_FLAGS, PROXY_LIVE, PROXY_SEEN, PROXY_SENSOR, Batch, IdPair,
+    Node, PairBuffer, Proxy, Query, TreeCore,
     cache_costs, core_add, core_area_ratio, core_bulk_insert, core_check, core_find, core_free, core_height,
     core_init, core_memory, core_move, core_prefetch_find, core_rebuild, core_remove,
     core_reserve, load_box, rehash,
@@ -492,7 +492,7 @@ cdef class Tree(TreeBase):
                 prefetch_move(&self.core, &proxies[0], &order[0], i, n)
                 row = order[i]
                 load_box(&rows[row, 0], self.core.dims, box)
-                moved += core_move(&self.core, proxies[row], box)
+                moved += core_move(&self.core, proxies[row], box, PREDICTION_STEPS)
         self._after_change()
         return moved
 
