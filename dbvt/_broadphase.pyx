@@ -29,7 +29,7 @@ from dbvt._batch cimport pairs_free, pairs_push, rows_push, self_pairs, sort_int
 from dbvt._core cimport (
     PREDICTION_STEPS, PREFETCH_AHEAD, PROXY_LIVE, PROXY_MOVED, PROXY_REFAT, PROXY_SENSOR, PROXY_SENSOR_BOX,
     PROXY_SENSOR_SPHERE, PROXY_STATIC, QUERY_FAT_BOX, Hits, IdPair, PairBuffer, Proxy, Query, Stack, TreeCore, box_contains, boxes_overlap,
-    core_move, core_remove, core_reserve, hits_free, listed_allowed, load_box, pair_allowed, prefetch, stack_free, walk,
+    core_move, core_remove, core_reserve, core_set_sensor, hits_free, listed_allowed, load_box, pair_allowed, prefetch, stack_free, walk,
 )
 from dbvt._sensors cimport ROUNDING, Shape, move_drift, shape_of, shape_touches
 from dbvt._tree cimport TreeBase, pair_array, prefetch_move
@@ -434,7 +434,7 @@ cdef class Broadphase(TreeBase):
                 if statics[i]:
                     self.core.proxies[proxy].flags |= PROXY_STATIC
                 if kinds[i]:
-                    self.core.proxies[proxy].flags |= sensor_flag(kinds[i])
+                    core_set_sensor(&self.core, proxy, sensor_flag(kinds[i]))
                     self.sensor_count += 1
                     # An empty list left on this slot by a proxy that was not a sensor has no room for
                     # budgets: start inline, and the list grows into a sensor's when it needs the heap.
@@ -765,7 +765,7 @@ cdef class Broadphase(TreeBase):
         t.proxies[proxy].flags &= ~PROXY_REFAT
         q.kind = QUERY_FAT_BOX
         q.groups = NULL
-        q.skip_flags = 0
+        q.skip_flags = PROXY_SENSOR if sensor else 0     # sensors never pair: skip their subtree
         q.first_hit = False
         memcpy(q.box, t.proxies[proxy].fat, sizeof(q.box))
         hits.count = 0

@@ -110,6 +110,7 @@ ctypedef struct TreeCore:
     int32_t *slots                  # open-addressing id -> proxy index table, -1 = empty
     int64_t slot_mask               # table size - 1 (a power of two)
     int32_t root                    # tree reference, NULL_REF when empty
+    int32_t sensor_root             # the subtree of the sensors' leaves (see subtree_root), NULL_REF if none
     int32_t dims                    # 2 or 3; 2-D boxes are stored with z = [0, 0]
     float margin                    # fat boxes are the tight box grown by this on every side
 
@@ -152,7 +153,9 @@ cdef bint core_move(TreeCore *t, int32_t proxy, const float *tight, float predic
 cdef int core_rebuild(TreeCore *t) noexcept nogil
 cdef int core_bulk_insert(TreeCore *t, const uint64_t *ids, const float *rows, int64_t n,
                           int32_t *row_proxies) noexcept nogil
-cdef const char *core_check(const TreeCore *t) noexcept nogil
+cdef void core_set_sensor(TreeCore *t, int32_t proxy, uint32_t flag) noexcept nogil
+cdef int core_split_sensors(TreeCore *t) noexcept nogil
+cdef const char *core_check(const TreeCore *t, bint sensors_apart) noexcept nogil
 cdef double core_area_ratio(const TreeCore *t) noexcept nogil
 cdef int32_t core_height(const TreeCore *t) noexcept nogil
 cdef int64_t core_memory(const TreeCore *t) noexcept nogil
@@ -229,6 +232,20 @@ cdef inline bint boxes_overlap(const float *a, const float *b) noexcept nogil:
 
 
 # Tree references: internal node (>= 0) or leaf (~proxy).
+#
+# Sensors' leaves live in a subtree of their own: a sensor's fat box holds its reach, far larger than
+# a proxy's, and mixed with the rest it would widen the nodes above most leaves, which every walk
+# would then have to open. With both kinds present the root joins the two subtrees, the rest's as
+# child 0 and the sensors' (`sensor_root`) as child 1, and never rotates.
+
+cdef inline int32_t subtree_root(const TreeCore *t, bint sensors) noexcept nogil:
+    """The root of the sensors' subtree, or of everything else's; NULL_REF when it is empty."""
+    if t.sensor_root == NULL_REF:
+        return NULL_REF if sensors else t.root
+    if t.root == t.sensor_root:
+        return t.sensor_root if sensors else NULL_REF
+    return t.sensor_root if sensors else t.nodes[t.root].child[0]
+
 
 cdef inline float *ref_box(const TreeCore *t, int32_t ref) noexcept nogil:
     if ref >= 0:

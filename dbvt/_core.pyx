@@ -147,6 +147,7 @@ cdef int core_init(TreeCore *t, int32_t dims, float margin) noexcept nogil:
     t.slots = NULL
     t.slot_mask = -1
     t.root = NULL_REF
+    t.sensor_root = NULL_REF
     t.dims = dims
     t.margin = margin
     return 0
@@ -472,15 +473,42 @@ cdef void rotate(TreeCore *t, int32_t a) noexcept nogil:
     refit(t, a)
 
 
+cdef inline bint is_join(const TreeCore *t, int32_t index) noexcept nogil:
+    return index == t.root and t.sensor_root != NULL_REF and t.sensor_root != t.root
+
+
+cdef void join_subtree(TreeCore *t, int32_t leaf, bint sensor) noexcept nogil:
+    """Make `leaf` the first of its kind (sensor or not): the root, or joined with the other kind's."""
+    cdef int32_t join
+    if t.root == NULL_REF:
+        t.root = leaf
+        set_parent(t, leaf, NULL_REF)
+    else:
+        join = alloc_node(t)
+        t.nodes[join].child[0] = t.root if sensor else leaf
+        t.nodes[join].child[1] = leaf if sensor else t.root
+        set_parent(t, t.root, join)
+        set_parent(t, leaf, join)
+        t.parents[join] = NULL_REF
+        t.root = join
+        refit(t, join)
+    if sensor:
+        t.sensor_root = leaf
+
+
 cdef void insert_leaf(TreeCore *t, int32_t proxy, int32_t start) noexcept nogil:
-    """Insert a leaf below `start` (the root, or a node whose box already holds the leaf's)."""
+    """Insert a leaf below `start` (the root, or a node of its kind's subtree whose box already holds
+    the leaf's)."""
     cdef int32_t leaf = ~proxy
     cdef int32_t sibling, old_parent, parent, index
     cdef float *fat = t.proxies[proxy].fat
-    if t.root == NULL_REF:
-        t.root = leaf
-        t.proxies[proxy].parent = NULL_REF
+    cdef bint sensor = (t.proxies[proxy].flags & PROXY_SENSOR) != 0
+    cdef int32_t top = subtree_root(t, sensor)
+    if top == NULL_REF:
+        join_subtree(t, leaf, sensor)
         return
+    if start == t.root:
+        start = top
     # Stage 1: where the new leaf costs least.
     sibling = find_best_sibling(t, fat, start)
     # Stage 2: a new parent joins the sibling and the leaf.
@@ -494,12 +522,15 @@ cdef void insert_leaf(TreeCore *t, int32_t proxy, int32_t start) noexcept nogil:
     replace_child(t, old_parent, sibling, parent)
     set_parent(t, sibling, parent)
     set_parent(t, leaf, parent)
+    if sibling == t.sensor_root:
+        t.sensor_root = parent
     # Stage 3: refit the ancestors and let rotations undo what greedy insertion got wrong. Above
     # the first ancestor that already held the leaf (and kept its height) nothing changed.
     rotate(t, parent)
     index = t.parents[parent]
     while index != NULL_REF and refit(t, index):
-        rotate(t, index)
+        if not is_join(t, index):
+            rotate(t, index)
         index = t.parents[index]
 
 
@@ -510,10 +541,16 @@ cdef void remove_leaf(TreeCore *t, int32_t proxy) noexcept nogil:
     t.proxies[proxy].parent = NULL_REF
     if parent == NULL_REF:
         t.root = NULL_REF
+        if t.sensor_root == leaf:
+            t.sensor_root = NULL_REF
         return
     grand = t.parents[parent]
     sibling = t.nodes[parent].child[0] if t.nodes[parent].child[1] == leaf else t.nodes[parent].child[1]
     replace_child(t, grand, parent, sibling)
+    if t.sensor_root == parent:
+        t.sensor_root = sibling
+    elif t.sensor_root == leaf:
+        t.sensor_root = NULL_REF        # the last sensor: the join above it went with it
     free_node(t, parent)
     # Ancestors only shrink; once one is unchanged, so is everything above it.
     index = grand
@@ -887,6 +924,18 @@ cdef int64_t form_clusters(const uint64_t *keys, int64_t n, Cluster *clusters) n
     return count
 
 
+cdef void free_nodes_from(TreeCore *t, int32_t first) noexcept nogil:
+    """Put nodes first.. of the pool on the free list, lowest first: the rest are in use."""
+    cdef int32_t i = t.node_capacity - 1
+    t.node_count = first
+    t.free_node = NULL_REF
+    while i >= first:
+        t.heights[i] = -1
+        t.parents[i] = t.free_node
+        t.free_node = i
+        i -= 1
+
+
 cdef void build_tree(TreeCore *t, BuildItem *tops, const BuildItem *leaves, const Cluster *clusters,
                      int64_t k, BuildTask *tasks, bint new_leaves, int32_t *proxy_refs) noexcept nogil:
     """Build the whole tree top down: binned SAH over the k cluster items `tops`, then inside each
@@ -966,13 +1015,7 @@ cdef void build_tree(TreeCore *t, BuildItem *tops, const BuildItem *leaves, cons
         t.heights[i] = 1 + max(ref_height(t, t.nodes[i].child[0]), ref_height(t, t.nodes[i].child[1]))
         t.costs[i] = box_cost(t.nodes[i].box, planar)
         i -= 1
-    t.free_node = NULL_REF
-    i = t.node_capacity - 1
-    while i >= t.node_count:
-        t.heights[i] = -1
-        t.parents[i] = t.free_node
-        t.free_node = <int32_t>i
-        i -= 1
+    free_nodes_from(t, t.node_count)
 
 
 cdef int build_from_items(TreeCore *t, const BuildItem *items, int64_t n, const uint64_t *ids,
@@ -1031,13 +1074,15 @@ cdef int build_from_items(TreeCore *t, const BuildItem *items, int64_t n, const 
 
 
 cdef int core_rebuild(TreeCore *t) noexcept nogil:
+    """Build the tree afresh: every proxy but the sensors in one build, the sensors inserted after it
+    into their own subtree."""
     cdef int64_t n = t.proxy_count, k = 0
     cdef BuildItem *items
     cdef int32_t p, i
-    cdef int status
+    cdef int status = 0
     cdef float *fat
+    t.root = t.sensor_root = NULL_REF
     if n == 0:
-        t.root = NULL_REF
         return 0
     if n - 1 > t.node_capacity and grow_nodes(t, n - 1) != 0:
         return -1
@@ -1045,16 +1090,77 @@ cdef int core_rebuild(TreeCore *t) noexcept nogil:
     if items == NULL:
         return -1
     for p in range(t.proxy_capacity):
-        if t.proxies[p].flags & PROXY_LIVE:
+        if (t.proxies[p].flags & (PROXY_LIVE | PROXY_SENSOR)) == PROXY_LIVE:
             fat = t.proxies[p].fat
             memcpy(items[k].box, fat, 6 * sizeof(float))
             for i in range(3):
                 items[k].center[i] = 0.5 * fat[i] + 0.5 * fat[i + 3]
             items[k].ref = ~p
             k += 1
-    status = build_from_items(t, items, n, NULL, NULL, NULL)
+    if k:
+        status = build_from_items(t, items, k, NULL, NULL, NULL)
+    else:
+        free_nodes_from(t, 0)
     free(items)
+    for p in range(t.proxy_capacity):
+        if status == 0 and (t.proxies[p].flags & (PROXY_LIVE | PROXY_SENSOR)) > PROXY_LIVE:
+            insert_leaf(t, p, t.root)
     return status
+
+
+cdef void core_set_sensor(TreeCore *t, int32_t proxy, uint32_t flag) noexcept nogil:
+    """Make a proxy a sensor (`flag`: PROXY_SENSOR_BOX or PROXY_SENSOR_SPHERE): its leaf moves to
+    the sensors' subtree."""
+    remove_leaf(t, proxy)
+    t.proxies[proxy].flags |= flag
+    insert_leaf(t, proxy, t.root)
+
+
+cdef int core_split_sensors(TreeCore *t) noexcept nogil:
+    """After loading a checked tree, find its sensors' subtree: the root's child 1 (or the root) when
+    it holds every sensor and nothing else; otherwise (data saved before sensors had a subtree of
+    their own) make it, moving each sensor's leaf there."""
+    cdef int64_t sensors = 0, rest = 0, found = 0, top = 0
+    cdef int32_t p, ref, candidate = NULL_REF
+    cdef int32_t *stack
+    for p in range(t.proxy_capacity):
+        if t.proxies[p].flags & PROXY_LIVE:
+            if t.proxies[p].flags & PROXY_SENSOR:
+                sensors += 1
+            else:
+                rest += 1
+    t.sensor_root = NULL_REF
+    if sensors == 0:
+        return 0
+    if rest == 0:
+        candidate = t.root
+    elif t.root >= 0:
+        candidate = t.nodes[t.root].child[1]
+    stack = <int32_t *>malloc((t.node_count + 1) * sizeof(int32_t))
+    if stack == NULL:
+        return -1
+    stack[0] = candidate
+    top = 1
+    while top and candidate != NULL_REF:
+        top -= 1
+        ref = stack[top]
+        if ref < 0:
+            found += 1 if t.proxies[~ref].flags & PROXY_SENSOR else sensors + 1
+        else:
+            stack[top] = t.nodes[ref].child[0]
+            stack[top + 1] = t.nodes[ref].child[1]
+            top += 2
+    free(stack)
+    if found == sensors:
+        t.sensor_root = candidate
+        return 0
+    for p in range(t.proxy_capacity):
+        if (t.proxies[p].flags & (PROXY_LIVE | PROXY_SENSOR)) > PROXY_LIVE:
+            remove_leaf(t, p)
+    for p in range(t.proxy_capacity):
+        if (t.proxies[p].flags & (PROXY_LIVE | PROXY_SENSOR)) > PROXY_LIVE:
+            insert_leaf(t, p, t.root)
+    return 0
 
 
 cdef int core_bulk_insert(TreeCore *t, const uint64_t *ids, const float *rows, int64_t n,
@@ -1295,12 +1401,13 @@ cdef int walk_kind(const Kind *kind, const TreeCore *t, Query *q, Stack *stack, 
     cdef int32_t proxy
     cdef uint32_t pending = 1
     cdef double fraction
+    cdef int32_t root = subtree_root(t, False) if q.skip_flags & PROXY_SENSOR else t.root
     if Kind is FrustumKind:
         pending = <uint32_t>0xFFFFFFFF if q.plane_count == 32 else (<uint32_t>1 << q.plane_count) - 1
     stack.count = 0
-    if t.root == NULL_REF:
+    if root == NULL_REF:
         return 0
-    if stack_push(stack, t.root, pending) != 0:
+    if stack_push(stack, root, pending) != 0:
         return -1
     while stack.count:
         stack.count -= 1
@@ -1343,8 +1450,10 @@ cdef int walk(const TreeCore *t, Query *q, Stack *stack, Hits *hits) noexcept no
 # ---------------------------------------------------------------------------------------------
 # Invariants. Also run on data from from_bytes(), so every index is range-checked before use.
 
-cdef const char *core_check(const TreeCore *t) noexcept nogil:
-    cdef int64_t live = 0, free_count = 0, leaves = 0, internal = 0, visited = 0
+cdef const char *core_check(const TreeCore *t, bint sensors_apart) noexcept nogil:
+    """The first broken invariant, or NULL; with `sensors_apart`, also that the sensors' leaves are
+    alone in their subtree (on data just loaded, core_split_sensors() finds or makes it after)."""
+    cdef int64_t live = 0, free_count = 0, leaves = 0, internal = 0, visited = 0, sensors = 0
     cdef int64_t used_slots = 0, limit
     cdef int32_t i, ref, child, k
     cdef int32_t *stack
@@ -1355,6 +1464,7 @@ cdef const char *core_check(const TreeCore *t) noexcept nogil:
     for i in range(t.proxy_capacity):
         if t.proxies[i].flags & PROXY_LIVE:
             live += 1
+            sensors += (t.proxies[i].flags & PROXY_SENSOR) != 0
             for k in range(3):
                 if not (t.proxies[i].tight[k] <= t.proxies[i].tight[k + 3]):
                     return b"a tight box has min > max"
@@ -1442,9 +1552,27 @@ cdef const char *core_check(const TreeCore *t) noexcept nogil:
             problem = b"a node height is wrong"
         if problem == NULL and t.costs[ref] != box_cost(node.box, t.dims == 2):
             problem = b"a node's cached SAH cost is stale"
+    if sensors_apart and problem == NULL and t.sensor_root != NULL_REF:
+        if t.sensor_root != t.root and not (t.root >= 0 and t.nodes[t.root].child[1] == t.sensor_root):
+            problem = b"the sensors' subtree is not the root or its second child"
+        stack[0] = t.sensor_root
+        top = 1
+        while top and problem == NULL:
+            top -= 1
+            ref = stack[top]
+            if ref >= 0:
+                stack[top] = t.nodes[ref].child[0]
+                stack[top + 1] = t.nodes[ref].child[1]
+                top += 2
+            elif t.proxies[~ref].flags & PROXY_SENSOR:
+                sensors -= 1
+            else:
+                problem = b"a proxy that is not a sensor is in the sensors' subtree"
     free(stack)
     if problem != NULL:
         return problem
+    if sensors_apart and sensors:
+        return b"a sensor is outside the sensors' subtree"
     if leaves != live:
         return b"the tree does not hold every live proxy exactly once"
     if internal != t.node_count:

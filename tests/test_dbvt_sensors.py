@@ -237,3 +237,56 @@ def test_passing_over_pairs_whose_slack_remains_never_misses_an_event(dims, sens
             world.move(movers.astype(np.uint64), boxes[movers])
             world.move(sensor_ids, sensor_boxes())
     np.testing.assert_array_equal(real.sensor_pairs(), ref.sensor_pairs())
+
+
+def test_sensors_keep_a_subtree_of_their_own_through_every_change():
+    """Sensors' leaves live apart from the rest (validate() checks it): created one by one or in the
+    first bulk insert, moved, destroyed down to none and created again, after rebuild() and a round
+    trip; and the answers stay the reference's throughout."""
+    rng = np.random.default_rng(5)
+    real = dbvt.Broadphase(dims=3, margin=0.1, sensor_margin=0.5)
+    ref = reference.Broadphase(dims=3, margin=0.1, sensor_margin=0.5)
+
+    def boxes(n, size):
+        lows = rng.uniform(-20, 20, size=(n, 3))
+        return np.concatenate([lows, lows + size], axis=1).astype(np.float32)
+
+    def both(method, *args, **kwargs):
+        getattr(real, method)(*args, **kwargs)
+        getattr(ref, method)(*args, **kwargs)
+        real.validate()
+
+    def agree():
+        for got, expected in zip(real.update(), ref.update()):
+            np.testing.assert_array_equal(got, expected)
+        for got, expected in zip(real.sensor_events(), ref.sensor_events()):
+            np.testing.assert_array_equal(got, expected)
+        real.validate()
+        probes = boxes(20, 3.0)
+        for include_sensors in (False, True):
+            assert_same_csr(real.query_aabb(probes, include_sensors=include_sensors),
+                            ref.query_aabb(probes, include_sensors=include_sensors))
+
+    # The first create is a bulk build of sensors and proxies together.
+    both("create", np.arange(40, dtype=np.uint64), boxes(40, 2.0), sensor=np.tile(np.uint8([0, 0, 0, 2]), 10))
+    agree()
+    both("create", np.arange(100, 110, dtype=np.uint64), boxes(10, 8.0), sensor="box")
+    agree()
+    moved = np.r_[0:40:3, 100:110:3].astype(np.uint64)
+    both("move", moved, boxes(len(moved), 4.0))
+    agree()
+    real.rebuild()
+    real.validate()
+    real = dbvt.Broadphase.from_bytes(real.to_bytes())
+    agree()
+    sensors = [3, 7, 11, 15, 19, 23, 27, 31, 35, 39] + list(range(100, 110))
+    both("destroy", np.array(sensors, np.uint64))
+    agree()
+    both("destroy", np.arange(0, 40, 4, dtype=np.uint64))     # every proxy left is a sensor...
+    both("destroy", np.array([i for i in range(40) if i % 4 not in (0, 3)], np.uint64))
+    both("create", np.arange(200, 205, dtype=np.uint64), boxes(5, 6.0), sensor="sphere")
+    agree()
+    both("create", np.arange(300, 305, dtype=np.uint64), boxes(5, 1.0))   # ...and then not only
+    agree()
+    real.rebuild()
+    agree()
