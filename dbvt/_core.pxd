@@ -155,10 +155,6 @@ cdef int core_bulk_insert(TreeCore *t, const uint64_t *ids, const float *rows, i
                           int32_t *row_proxies) noexcept nogil
 cdef void core_set_sensor(TreeCore *t, int32_t proxy, uint32_t flag) noexcept nogil
 cdef int core_split_sensors(TreeCore *t) noexcept nogil
-cdef const char *core_check(const TreeCore *t, bint sensors_apart) noexcept nogil
-cdef double core_area_ratio(const TreeCore *t) noexcept nogil
-cdef int32_t core_height(const TreeCore *t) noexcept nogil
-cdef int64_t core_memory(const TreeCore *t) noexcept nogil
 cdef void load_box(const float *row, int32_t dims, float *out) noexcept nogil
 cdef void cache_costs(TreeCore *t) noexcept nogil
 
@@ -245,6 +241,10 @@ cdef inline int32_t subtree_root(const TreeCore *t, bint sensors) noexcept nogil
     if t.root == t.sensor_root:
         return t.sensor_root if sensors else NULL_REF
     return t.sensor_root if sensors else t.nodes[t.root].child[0]
+
+
+cdef inline int32_t ref_parent(const TreeCore *t, int32_t ref) noexcept nogil:
+    return t.parents[ref] if ref >= 0 else t.proxies[~ref].parent
 
 
 cdef inline float *ref_box(const TreeCore *t, int32_t ref) noexcept nogil:

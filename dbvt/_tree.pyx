@@ -17,10 +17,10 @@ from dbvt._queries cimport run_ball_casts, run_box_casts, run_nearest, trees_ove
 from dbvt._core cimport (
     HIT_LIMIT, PREDICTION_STEPS, PREFETCH_AHEAD, PROXY_FLAGS, PROXY_LIVE, PROXY_SEEN, PROXY_SENSOR, Batch, IdPair,
     Node, PairBuffer, Proxy, Query, TreeCore,
-    cache_costs, core_add, core_area_ratio, core_bulk_insert, core_check, core_find, core_free, core_height,
-    core_init, core_memory, core_move, core_prefetch_find, core_rebuild, core_remove, core_split_sensors,
-    core_reserve, load_box, rehash,
+    cache_costs, core_add, core_bulk_insert, core_find, core_free, core_init, core_move, core_prefetch_find,
+    core_rebuild, core_remove, core_reserve, core_split_sensors, load_box, rehash,
 )
+from dbvt._check cimport core_area_ratio, core_check, core_height, core_memory
 
 cdef extern from *:
     """
