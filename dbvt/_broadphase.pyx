@@ -31,7 +31,10 @@ from dbvt._core cimport (
     PROXY_SENSOR_SPHERE, PROXY_STATIC, QUERY_FAT_BOX, Hits, IdPair, PairBuffer, Proxy, Query, Stack, TreeCore, box_contains, boxes_overlap,
     core_move, core_remove, core_reserve, core_set_sensor, hits_free, listed_allowed, load_box, pair_allowed, prefetch, stack_free, walk,
 )
-from dbvt._sensors cimport ROUNDING, Shape, move_drift, shape_of, shape_touches
+from dbvt._sensors cimport (
+    ROUNDING, SensorGrid, Shape, grid_build, grid_find, grid_free, grid_init, grid_list_sensors, move_drift, shape_of,
+    shape_touches,
+)
 from dbvt._tree cimport TreeBase, pair_array, prefetch_move
 
 # pair tracking on, moved count, pending ended count, partner total, pending sensor leaves, sensor margin
@@ -300,6 +303,9 @@ cdef class Broadphase(TreeBase):
     cdef int32_t *due               # scratch of _retest_sensor: the entries it must test
     cdef int64_t due_capacity
     cdef int32_t *flips             # scratch of update(): [proxy, sensor] whose bit flips on the proxy's side
+    cdef SensorGrid grid            # for proxies' partner refreshes, the sensors' fat boxes cut into cells
+    cdef bint grid_stale            # a sensor's fat box changed since the grid was built
+    cdef bint sensors_stale         # and sensors were created or destroyed
     cdef int64_t flip_count
     cdef int64_t flip_capacity
 
@@ -315,6 +321,8 @@ cdef class Broadphase(TreeBase):
         self.due_capacity = 0
         self.flips = NULL
         self.flip_count = self.flip_capacity = 0
+        grid_init(&self.grid)
+        self.grid_stale = self.sensors_stale = True
         memset(&self.ended, 0, sizeof(PairBuffer))
         memset(&self.leaving, 0, sizeof(PairBuffer))
         memset(&self.entered, 0, sizeof(PairBuffer))
@@ -342,6 +350,7 @@ cdef class Broadphase(TreeBase):
         free(self.drift)
         free(self.due)
         free(self.flips)
+        grid_free(&self.grid)
         pairs_free(&self.ended)
         pairs_free(&self.leaving)
         pairs_free(&self.entered)
@@ -422,6 +431,8 @@ cdef class Broadphase(TreeBase):
             raise ValueError("sensors need pair tracking: this broadphase has track_pairs=False")
         self._check_new(id_arr)
         self._reserve(n, n)
+        if kind_arr.any():
+            self.grid_stale = self.sensors_stale = True
         cdef int32_t[::1] proxies = self._add(id_arr, box_arr)
         cdef Py_ssize_t i
         cdef int32_t proxy
@@ -507,6 +518,8 @@ cdef class Broadphase(TreeBase):
                         before[row, dims + k] = self.core.proxies[proxies[row]].tight[3 + k]
                 load_box(&rows[row, 0], self.core.dims, box)
                 refat = self._move_proxy(proxies[row], box)
+                if refat and is_sensor(&self.core, proxies[row]):
+                    self.grid_stale = True
                 refattened += refat
                 self._mark_moved(proxies[row], refat)
         self._after_change()
@@ -538,6 +551,7 @@ cdef class Broadphase(TreeBase):
                 self.groups[proxy] = self.masks[proxy] = 0
                 if is_sensor(&self.core, proxy):
                     self.sensor_count -= 1
+                    self.grid_stale = self.sensors_stale = True
                 core_remove(&self.core, proxy)
         self._after_change()
 
@@ -711,6 +725,12 @@ cdef class Broadphase(TreeBase):
         cdef Hits hits
         memset(&stack, 0, sizeof(Stack))
         memset(&hits, 0, sizeof(Hits))
+        if self.sensor_count and self.grid_stale:
+            if self.sensors_stale and grid_list_sensors(&self.grid, &self.core) != 0:
+                return -1
+            if grid_build(&self.grid, &self.core) != 0:
+                return -1
+            self.grid_stale = self.sensors_stale = False
         # Proxy numbers follow the tree's order after a build, so taking the moved proxies in
         # that order keeps consecutive queries on the same, cache-warm paths.
         sort_int32(self.moved, self.moved_count)
@@ -759,24 +779,42 @@ cdef class Broadphase(TreeBase):
         cdef Query q
         cdef int64_t h, kept = 0
         cdef int32_t i = 0, j = 0, other, entry
-        cdef int status = 0
+        cdef int status = 0, found
         if (t.proxies[proxy].flags & PROXY_LIVE) == 0:
             return 0
         t.proxies[proxy].flags &= ~PROXY_REFAT
         q.kind = QUERY_FAT_BOX
         q.groups = NULL
-        q.skip_flags = PROXY_SENSOR if sensor else 0     # sensors never pair: skip their subtree
+        # The walk leaves out the sensors' subtree: a sensor never pairs with one, and the grid finds
+        # them for the rest, unless the box is too large for its cells.
+        q.skip_flags = PROXY_SENSOR if self.sensor_count else 0
         q.first_hit = False
         memcpy(q.box, t.proxies[proxy].fat, sizeof(q.box))
         hits.count = 0
         if walk(t, &q, stack, hits) != 0:
             return -1
+        if self.sensor_count and not sensor:
+            found = grid_find(&self.grid, t, q.box, hits)
+            if found == 1:
+                q.skip_flags = 0
+                hits.count = 0
+                found = walk(t, &q, stack, hits)
+            if found != 0:
+                return -1
         for h in range(hits.count):
             other = hits.proxies[h]
             if other != proxy and listed_allowed(t, self.groups, self.masks, proxy, other):
                 hits.proxies[kept] = other
                 kept += 1
         sort_int32(hits.proxies, kept)
+        # A sensor the grid lists in several cells is found once per cell.
+        h = kept
+        kept = 0
+        for i in range(h):
+            if kept == 0 or hits.proxies[i] != hits.proxies[kept - 1]:
+                hits.proxies[kept] = hits.proxies[i]
+                kept += 1
+        i = 0
         # Merge old and new lists: the old entries keep their touching bit (and a sensor's, its
         # budgets, which the walk's unused fractions hold meanwhile); partners that left end their
         # pair if it was touching; new ones start untouched and untested (stage 2 decides).
@@ -1024,7 +1062,8 @@ cdef class Broadphase(TreeBase):
         info["track_pairs"] = self.track_pairs
         info["memory_bytes"] += (self.slot_capacity * (2 * sizeof(uint32_t) + sizeof(Partners) + sizeof(double))
                                  + partner_bytes + (self.moved_capacity + self.due_capacity) * sizeof(int32_t)
-                                 + self.flip_capacity * 2 * sizeof(int32_t)
+                                 + (self.flip_capacity * 2 + self.grid.start_capacity + self.grid.entry_capacity
+                                    + self.grid.sensor_capacity) * sizeof(int32_t)
                                  + (self.ended.capacity + self.entered.capacity + self.left.capacity
                                     + self.leaving.capacity) * sizeof(IdPair))
         return info

@@ -7,8 +7,9 @@
 # by |dc| and dr change it by at most |dc| + |dr|. So a pair found at distance `slack` from its next
 # threshold keeps its decision while the sum of both sides' such drifts stays below the slack.
 from libc.math cimport sqrt
+from libc.stdint cimport int32_t, int64_t
 
-from dbvt._core cimport PROXY_SENSOR_BOX, PROXY_SENSOR_SPHERE
+from dbvt._core cimport PROXY_SENSOR_BOX, PROXY_SENSOR_SPHERE, Hits, TreeCore
 
 
 cdef enum:
@@ -106,3 +107,33 @@ cdef inline double move_drift(const float *before, const float *after, unsigned 
     if flags & PROXY_SENSOR_SPHERE:
         return (sqrt(centre) + half) * (1.0 + ROUNDING)
     return sqrt(norm) * (1.0 + ROUNDING)
+
+
+# Which sensors' fat boxes a proxy's new fat box overlaps. The sensors' subtree answers that poorly:
+# their boxes are large and overlap each other heavily, so a walk opens some hundred nodes for the
+# few sensors it finds, and every partner refresh of a proxy needs one. A hash grid of cells as large
+# as a sensor's fat box on average finds them among the few sensors of the one to eight cells the box
+# spans. It is built afresh, in one pass, whenever a sensor's fat box changed before an update.
+ctypedef struct GridEntry:          # a sensor in one of its cells: 32 bytes
+    float fat[6]                    # its fat box, copied: a lookup reads its cells' entries in a row
+    int32_t sensor
+    int32_t unused
+
+ctypedef struct SensorGrid:
+    double cell                     # a cell's side; 0 while there are no sensors
+    int64_t mask                    # buckets - 1 (a power of two)
+    int32_t *starts                 # per bucket, its first entry; starts[buckets] = the entry count
+    int64_t start_capacity
+    GridEntry *entries              # the sensors, bucket by bucket, one entry per cell of theirs
+    int64_t entry_capacity
+    int32_t *sensors                # every live sensor: those in no cell (spanning too many) first
+    int64_t sensor_count
+    int64_t wide_count              # how many of them span too many cells: every lookup tests those
+    int64_t sensor_capacity
+
+
+cdef void grid_init(SensorGrid *g) noexcept nogil
+cdef void grid_free(SensorGrid *g) noexcept nogil
+cdef int grid_list_sensors(SensorGrid *g, const TreeCore *t) noexcept nogil
+cdef int grid_build(SensorGrid *g, const TreeCore *t) noexcept nogil
+cdef int grid_find(const SensorGrid *g, const TreeCore *t, const float *box, Hits *hits) noexcept nogil

@@ -290,3 +290,43 @@ def test_sensors_keep_a_subtree_of_their_own_through_every_change():
     agree()
     real.rebuild()
     agree()
+
+
+def test_partner_lists_find_sensors_of_every_size_and_proxies_of_every_size():
+    """Proxies' partner refreshes look sensors up in a grid of cells as wide as a sensor on average:
+    a sensor far larger spans too many cells and is tested by every lookup, and a proxy far larger
+    looks in the sensors' subtree instead. validate() compares every list with a walk of the whole
+    tree, and the events must be the reference's, while sensors come and go."""
+    rng = np.random.default_rng(9)
+    real = dbvt.Broadphase(dims=3, margin=0.2)
+    ref = reference.Broadphase(dims=3, margin=0.2)
+    centres = rng.uniform(-50, 50, size=(60, 3))
+    sides = np.where(np.arange(60)[:, None] < 3, 400.0, rng.uniform(2, 12, size=(60, 1)))   # 3 giant sensors
+    sensors = np.concatenate([centres - sides / 2, centres + sides / 2], axis=1).astype(np.float32)
+    sensor_ids = np.arange(1000, 1060, dtype=np.uint64)
+    lows = rng.uniform(-60, 60, size=(400, 3))
+    sizes = np.where(np.arange(400)[:, None] < 4, 500.0, rng.uniform(0, 2, size=(400, 1)))    # 4 giant proxies
+    proxies = np.concatenate([lows, lows + sizes], axis=1).astype(np.float32)
+    for world in (real, ref):
+        world.create(np.arange(400, dtype=np.uint64), proxies)
+        world.create(sensor_ids, sensors, sensor="sphere")
+    for tick in range(12):
+        for got, expected in zip(real.update(), ref.update()):
+            np.testing.assert_array_equal(got, expected)
+        for got, expected in zip(real.sensor_events(), ref.sensor_events()):
+            np.testing.assert_array_equal(got, expected)
+        real.validate()
+        if tick == 6:
+            new_ids = np.arange(2000, 2005, dtype=np.uint64)
+            new_boxes = sensors[10:15] + np.float32(3)
+            for world in (real, ref):
+                world.destroy(sensor_ids[:10])
+                world.create(new_ids, new_boxes, sensor="box")
+            sensor_ids = np.concatenate([sensor_ids[10:], new_ids])
+            sensors = np.concatenate([sensors[10:], new_boxes])
+        movers = rng.choice(400, size=80, replace=False)
+        proxies[movers] += rng.uniform(-4, 4, size=(80, 1)).astype(np.float32)
+        sensors += np.float32(1.5) * rng.choice([-1, 0, 1], size=(len(sensors), 1)).astype(np.float32)
+        for world in (real, ref):
+            world.move(movers.astype(np.uint64), proxies[movers])
+            world.move(sensor_ids, sensors)
