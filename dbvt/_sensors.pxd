@@ -29,7 +29,7 @@ ctypedef struct Shape:              # a sensor's shape, ready for testing many b
     double centre[3]                # sphere: the tight box's centre...
     double limit[AROUND]            # ...and its radius, and that plus the sensor margin; box: 0 and the margin
     double limit_sq[AROUND]         # sphere: each limit squared, as dbvt.reference squares it
-    double low[AROUND][3]           # box: its bounds grown by 0 and by the sensor margin
+    double low[AROUND][3]           # box only: its bounds grown by 0 and by the sensor margin
     double high[AROUND][3]
     double scale                    # the magnitude of its coordinates, for ROUNDING
 
@@ -51,8 +51,8 @@ cdef inline void shape_of(Shape *s, const float *tight, unsigned int flags, int 
         if s.sphere:
             s.limit[k] = radius + grow
             s.limit_sq[k] = s.limit[k] * s.limit[k]
-        else:
-            s.limit[k] = grow
+            continue
+        s.limit[k] = grow
         for i in range(dims):
             s.low[k][i] = <double>tight[i] - grow
             s.high[k][i] = <double>tight[i + 3] + grow
