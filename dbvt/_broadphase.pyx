@@ -15,7 +15,7 @@ partners whose budget, set at their last test, the two sides' drifts since may h
 """
 from libc.math cimport INFINITY, nextafter, nextafterf
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
-from libc.stdlib cimport free, malloc, realloc
+from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcpy, memmove, memset
 
 import math
@@ -298,8 +298,8 @@ cdef class Broadphase(TreeBase):
     cdef PairBuffer leaving         # [sensor, proxy] of destroyed proxies inside, left at the next update()
     cdef PairBuffer entered         # the sensor events of the last update()
     cdef PairBuffer left
-    cdef double *drift              # per proxy slot, while there are sensors: the sum of its moves' drifts
-                                    # (move_drift), rounded up, which budgets on sensor lists are set against
+    cdef double *drift              # per proxy slot, once there are sensors (NULL before): the sum of its
+                                    # moves' drifts (move_drift), rounded up, which budgets are set against
     cdef int32_t *due               # scratch of _retest_sensor: the entries it must test
     cdef int64_t due_capacity
     cdef int32_t *flips             # scratch of update(): [proxy, sensor] whose bit flips on the proxy's side
@@ -386,13 +386,15 @@ cdef class Broadphase(TreeBase):
             if grown == NULL:
                 raise MemoryError()
             self.partners = <Partners *>grown      # inline entries moved with it
-            grown = realloc(self.drift, capacity * sizeof(double))
-            if grown == NULL:
-                raise MemoryError()
-            self.drift = <double *>grown
+            if self.drift != NULL:
+                grown = realloc(self.drift, capacity * sizeof(double))
+                if grown == NULL:
+                    raise MemoryError()
+                self.drift = <double *>grown
             for i in range(self.slot_capacity, capacity):
                 self.groups[i] = self.masks[i] = 0
-                self.drift[i] = 0.0
+                if self.drift != NULL:
+                    self.drift[i] = 0.0
                 self.partners[i].count = 0
                 self.partners[i].capacity = INLINE_PARTNERS
             self.slot_capacity = capacity
@@ -403,6 +405,15 @@ cdef class Broadphase(TreeBase):
                 raise MemoryError()
             self.moved = moved
             self.moved_capacity = need
+        return 0
+
+    cdef int _track_drift(self) except -1:
+        """Start keeping the proxies' drifts (for the first sensor): a world without sensors has no use
+        for them, nor for their 8 bytes a proxy."""
+        if self.drift == NULL:
+            self.drift = <double *>calloc(max(self.slot_capacity, 1), sizeof(double))
+            if self.drift == NULL:
+                raise MemoryError()
         return 0
 
     cdef inline void _mark_moved(self, int32_t proxy, bint refat) noexcept nogil:
@@ -432,6 +443,7 @@ cdef class Broadphase(TreeBase):
         self._check_new(id_arr)
         self._reserve(n, n)
         if kind_arr.any():
+            self._track_drift()
             self.grid_stale = self.sensors_stale = True
         cdef int32_t[::1] proxies = self._add(id_arr, box_arr)
         cdef Py_ssize_t i
@@ -743,7 +755,7 @@ cdef class Broadphase(TreeBase):
         # lists fetched ahead (even after a failure, so that both sides agree); then the other moved
         # proxies, which see the flipped bits.
         self.flip_count = 0
-        for m in range(self.moved_count):
+        for m in range(self.moved_count if self.sensor_count else 0):
             if status == 0 and is_sensor(&self.core, self.moved[m]):
                 status = self._retest(self.moved[m], begun, ended)
         self._flip_partner_sides()
@@ -793,6 +805,7 @@ cdef class Broadphase(TreeBase):
         hits.count = 0
         if walk(t, &q, stack, hits) != 0:
             return -1
+        found = 0
         if self.sensor_count and not sensor:
             found = grid_find(&self.grid, t, q.box, hits)
             if found == 1:
@@ -801,20 +814,22 @@ cdef class Broadphase(TreeBase):
                 found = walk(t, &q, stack, hits)
             if found != 0:
                 return -1
+            found = 1
         for h in range(hits.count):
             other = hits.proxies[h]
             if other != proxy and listed_allowed(t, self.groups, self.masks, proxy, other):
                 hits.proxies[kept] = other
                 kept += 1
         sort_int32(hits.proxies, kept)
-        # A sensor the grid lists in several cells is found once per cell.
-        h = kept
-        kept = 0
-        for i in range(h):
-            if kept == 0 or hits.proxies[i] != hits.proxies[kept - 1]:
-                hits.proxies[kept] = hits.proxies[i]
-                kept += 1
-        i = 0
+        if found:
+            # A sensor the grid lists in several cells is found once per cell.
+            h = kept
+            kept = 0
+            for i in range(h):
+                if kept == 0 or hits.proxies[i] != hits.proxies[kept - 1]:
+                    hits.proxies[kept] = hits.proxies[i]
+                    kept += 1
+            i = 0
         # Merge old and new lists: the old entries keep their touching bit (and a sensor's, its
         # budgets, which the walk's unused fractions hold meanwhile); partners that left end their
         # pair if it was touching; new ones start untouched and untested (stage 2 decides).
@@ -1060,7 +1075,8 @@ cdef class Broadphase(TreeBase):
         info["fat_pairs"] = listed // 2
         info["pending_moves"] = self.moved_count
         info["track_pairs"] = self.track_pairs
-        info["memory_bytes"] += (self.slot_capacity * (2 * sizeof(uint32_t) + sizeof(Partners) + sizeof(double))
+        info["memory_bytes"] += (self.slot_capacity * (2 * sizeof(uint32_t) + sizeof(Partners)
+                                                       + (sizeof(double) if self.drift != NULL else 0))
                                  + partner_bytes + (self.moved_capacity + self.due_capacity) * sizeof(int32_t)
                                  + (self.flip_capacity * 2 + self.grid.start_capacity + self.grid.entry_capacity
                                     + self.grid.sensor_capacity) * sizeof(int32_t)
@@ -1274,6 +1290,8 @@ cdef class Broadphase(TreeBase):
             bp._count_touching()
         if failed:
             raise MemoryError()
+        if bp.sensor_count:
+            bp._track_drift()
         bp.moved_count = moved_count
         bp.listed = total
         try:
