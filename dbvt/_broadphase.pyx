@@ -836,14 +836,14 @@ cdef class Broadphase(TreeBase):
         while status == 0 and (i < mine.count or j < kept):
             if j == kept or (i < mine.count and (items[i] >> 1) < hits.proxies[j]):
                 entry = items[i]
-                partners_erase(&self.partners[entry >> 1], proxy, is_sensor(t, entry >> 1))
+                partners_erase(&self.partners[entry >> 1], proxy, self._sensor_partner(proxy, entry >> 1))
                 self.listed -= 1
                 if entry & TOUCHING:
                     status = self._ended(proxy, entry >> 1, ended, &self.left)
                 i += 1
             elif i == mine.count or hits.proxies[j] < (items[i] >> 1):
                 other = hits.proxies[j]
-                status = partners_insert(&self.partners[other], proxy, is_sensor(t, other))
+                status = partners_insert(&self.partners[other], proxy, self._sensor_partner(proxy, other))
                 self.listed += 1
                 hits.proxies[j] = other << 1
                 hits.fractions[j] = -INFINITY
@@ -865,6 +865,11 @@ cdef class Broadphase(TreeBase):
         if 0 <= self.listed_limit < self.listed:
             return FAT_LIMIT
         return 0
+
+    cdef inline bint _sensor_partner(self, int32_t proxy, int32_t other) noexcept nogil:
+        """Whether `other`, a partner of `proxy`, is a sensor: without reading its flags, a cache miss,
+        when it cannot be (there are no sensors, or `proxy` is one)."""
+        return self.sensor_count != 0 and not is_sensor(&self.core, proxy) and is_sensor(&self.core, other)
 
     cdef int _retest(self, int32_t proxy, PairBuffer *begun, PairBuffer *ended) noexcept nogil:
         """Compare a moved proxy's tight box with each partner's; flip the bit on both sides."""
