@@ -28,8 +28,9 @@ from dbvt import validation
 from dbvt._batch cimport pairs_free, pairs_push, rows_push, self_pairs, sort_int32, sort_pairs
 from dbvt._core cimport (
     PREDICTION_STEPS, PREFETCH_AHEAD, PROXY_LIVE, PROXY_MOVED, PROXY_REFAT, PROXY_SENSOR, PROXY_SENSOR_BOX,
-    PROXY_SENSOR_SPHERE, PROXY_STATIC, QUERY_FAT_BOX, Hits, IdPair, PairBuffer, Proxy, Query, Stack, TreeCore, box_contains, boxes_overlap,
-    core_move, core_remove, core_reserve, core_set_sensor, hits_free, listed_allowed, load_box, pair_allowed, prefetch, stack_free, walk,
+    PROXY_SENSOR_SPHERE, PROXY_STATIC, QUERY_FAT_BOX, Hits, IdPair, PairBuffer, Proxy, Query, Stack, TreeCore,
+    box_contains, boxes_overlap, core_move, core_remove, core_reserve, core_set_sensor, hits_free, listed_allowed,
+    load_box, pair_allowed, prefetch, stack_free, walk,
 )
 from dbvt._sensors cimport (
     ROUNDING, SensorGrid, Shape, grid_build, grid_find, grid_free, grid_init, grid_list_sensors, move_drift, shape_of,
@@ -303,11 +304,11 @@ cdef class Broadphase(TreeBase):
     cdef int32_t *due               # scratch of _retest_sensor: the entries it must test
     cdef int64_t due_capacity
     cdef int32_t *flips             # scratch of update(): [proxy, sensor] whose bit flips on the proxy's side
+    cdef int64_t flip_count
+    cdef int64_t flip_capacity
     cdef SensorGrid grid            # for proxies' partner refreshes, the sensors' fat boxes cut into cells
     cdef bint grid_stale            # a sensor's fat box changed since the grid was built
     cdef bint sensors_stale         # and sensors were created or destroyed
-    cdef int64_t flip_count
-    cdef int64_t flip_capacity
 
     def __cinit__(self, *args, **kwargs):
         self.groups = NULL
