@@ -10,11 +10,13 @@ Sensors ride on the same lists: a sensor and a proxy that is not one are partner
 and the bit then means "inside", which turns on when the proxy touches the sensor's shape and off
 only when it no longer touches the shape grown by `sensor_margin`. For that, a sensor's fat box
 holds its shape grown by the sensor margin (its "reach"), so a proxy inside is always a partner.
+A sensor's list is long (every proxy within its reach), and a moving sensor re-tests only the
+partners whose budget, set at their last test, the two sides' drifts since may have used up.
 """
-from libc.math cimport INFINITY, nextafterf
+from libc.math cimport INFINITY, nextafter, nextafterf
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
-from libc.stdlib cimport free, malloc, realloc
-from libc.string cimport memcpy, memset
+from libc.stdlib cimport calloc, free, malloc, realloc
+from libc.string cimport memcpy, memmove, memset
 
 import math
 import struct
@@ -25,10 +27,14 @@ from dbvt import validation
 
 from dbvt._batch cimport pairs_free, pairs_push, rows_push, self_pairs, sort_int32, sort_pairs
 from dbvt._core cimport (
-    PREFETCH_AHEAD, PROXY_LIVE, PROXY_MOVED, PROXY_REFAT, PROXY_SEEN, PROXY_SENSOR, PROXY_SENSOR_BOX, PROXY_SENSOR_SPHERE,
-    PROXY_STATIC, QUERY_FAT_BOX, Hits, IdPair, PairBuffer, Proxy, Query, Stack, TreeCore, box_contains, boxes_overlap,
-    core_move, core_remove, core_reserve, hits_free, listed_allowed, load_box, pair_allowed, prefetch, sensor_touches,
-    stack_free, walk,
+    PREDICTION_STEPS, PREFETCH_AHEAD, PROXY_LIVE, PROXY_MOVED, PROXY_REFAT, PROXY_SEEN, PROXY_SENSOR,
+    PROXY_SENSOR_BOX, PROXY_SENSOR_SPHERE, PROXY_STATIC, QUERY_FAT_BOX, Hits, IdPair, PairBuffer, Proxy, Query, Stack, TreeCore,
+    box_contains, boxes_overlap, core_move, core_remove, core_reserve, core_set_sensor, hits_free, listed_allowed,
+    load_box, pair_allowed, prefetch, stack_free, walk,
+)
+from dbvt._sensors cimport (
+    ROUNDING, SensorGrid, Shape, grid_build, grid_find, grid_free, grid_init, grid_list_sensors, move_drift, shape_of,
+    shape_touches,
 )
 from dbvt._tree cimport TreeBase, pair_array, prefetch_move
 
@@ -40,6 +46,10 @@ cdef inline uint32_t sensor_flag(unsigned char kind) noexcept nogil:
 
 
 cdef enum:
+    # A sensor's new fat box covers this many more moves like its last: more than a proxy's, since
+    # refreshing a sensor's partners (a walk and a merge of hundreds) costs far more than carrying
+    # the few more partners of a longer box, most of which its budgets pass over.
+    SENSOR_PREDICTION_STEPS = 8
     TOUCHING = 1                    # the tight boxes overlap: the pair exists for the user
     INLINE_PARTNERS = 2
     FAT_LIMIT = 2                   # a status: update(max_fat_pairs=...) stopped at its limit
@@ -130,44 +140,78 @@ cdef inline int32_t *partners_find(const Partners *p, int32_t other) noexcept no
     return NULL
 
 
-cdef int partners_reserve(Partners *p, int32_t capacity) noexcept nogil:
+cdef inline double *budgets_of(const Partners *p) noexcept nogil:
+    """A sensor's heap list keeps, after its `capacity` entries, a budget per entry: while the
+    sensor's drift plus the partner's stays below it, the pair's decision cannot change (see
+    _retest_sensor). Only for a sensor's list; an inline one has none (NULL)."""
+    if p.capacity == INLINE_PARTNERS:
+        return NULL
+    return <double *>(p.entries.heap + p.capacity)
+
+
+cdef inline double budget(double slack, double sensor_drift, double partner_drift) noexcept nogil:
+    """What the two drifts may sum to before a pair's decision can change: their sum now and the slack,
+    less the roundings of these sums and of the comparison (a slack at or below that never skips)."""
+    return slack + sensor_drift + partner_drift - ROUNDING * (sensor_drift + partner_drift)
+
+
+cdef int partners_reserve(Partners *p, int32_t capacity, bint sensor) noexcept nogil:
+    """Room for `capacity` entries (and, for a sensor's list, their budgets; new ones are unknown)."""
     cdef int32_t *items
+    cdef double *budgets
+    cdef size_t width = sizeof(int32_t) + (sizeof(double) if sensor else 0)
+    cdef int32_t k
     if capacity <= p.capacity:
         return 0
     if capacity < 2 * INLINE_PARTNERS:
         capacity = 2 * INLINE_PARTNERS
+    if sensor:
+        capacity += capacity & 1        # the budgets follow the entries: keep them 8-byte aligned
     if p.capacity == INLINE_PARTNERS:
-        items = <int32_t *>malloc(capacity * sizeof(int32_t))
+        items = <int32_t *>malloc(capacity * width)
         if items == NULL:
             return -1
         memcpy(items, p.entries.local, p.count * sizeof(int32_t))
+        if sensor:
+            budgets = <double *>(items + capacity)
+            for k in range(p.count):
+                budgets[k] = -INFINITY
     else:
-        items = <int32_t *>realloc(p.entries.heap, capacity * sizeof(int32_t))
+        items = <int32_t *>realloc(p.entries.heap, capacity * width)
         if items == NULL:
             return -1
+        if sensor:
+            memmove(items + capacity, items + p.capacity, p.count * sizeof(double))
     p.entries.heap = items
     p.capacity = capacity
     return 0
 
 
-cdef int partners_insert(Partners *p, int32_t other) noexcept nogil:
-    """Add `other`, not touching, keeping the list sorted."""
+cdef int partners_insert(Partners *p, int32_t other, bint sensor) noexcept nogil:
+    """Add `other`, not touching (and, on a sensor's list, not yet tested), keeping the list sorted."""
     cdef int32_t i
     cdef int32_t *items
-    if p.count == p.capacity and partners_reserve(p, 2 * p.capacity) != 0:
+    cdef double *budgets
+    if p.count == p.capacity and partners_reserve(p, 2 * p.capacity, sensor) != 0:
         return -1
     items = items_of(p)
+    budgets = budgets_of(p) if sensor else NULL
     i = p.count
     while i > 0 and (items[i - 1] >> 1) > other:
         items[i] = items[i - 1]
+        if budgets != NULL:
+            budgets[i] = budgets[i - 1]
         i -= 1
     items[i] = other << 1
+    if budgets != NULL:
+        budgets[i] = -INFINITY
     p.count += 1
     return 0
 
 
-cdef void partners_erase(Partners *p, int32_t other) noexcept nogil:
+cdef void partners_erase(Partners *p, int32_t other, bint sensor) noexcept nogil:
     cdef int32_t *items = items_of(p)
+    cdef double *budgets = budgets_of(p) if sensor else NULL
     cdef int32_t *entry = partners_find(p, other)
     cdef int32_t i
     if entry == NULL:
@@ -176,6 +220,8 @@ cdef void partners_erase(Partners *p, int32_t other) noexcept nogil:
     p.count -= 1
     while i < p.count:
         items[i] = items[i + 1]
+        if budgets != NULL:
+            budgets[i] = budgets[i + 1]
         i += 1
 
 
@@ -253,6 +299,16 @@ cdef class Broadphase(TreeBase):
     cdef PairBuffer leaving         # [sensor, proxy] of destroyed proxies inside, left at the next update()
     cdef PairBuffer entered         # the sensor events of the last update()
     cdef PairBuffer left
+    cdef double *drift              # per proxy slot, once there are sensors (NULL before): the sum of its
+                                    # moves' drifts (move_drift), rounded up, which budgets are set against
+    cdef int32_t *due               # scratch of _retest_sensor: the entries it must test
+    cdef int64_t due_capacity
+    cdef int32_t *flips             # scratch of update(): [proxy, sensor] whose bit flips on the proxy's side
+    cdef int64_t flip_count
+    cdef int64_t flip_capacity
+    cdef SensorGrid grid            # for proxies' partner refreshes, the sensors' fat boxes cut into cells
+    cdef bint grid_stale            # a sensor's fat box changed since the grid was built
+    cdef bint sensors_stale         # and sensors were created or destroyed
 
     def __cinit__(self, *args, **kwargs):
         self.groups = NULL
@@ -261,6 +317,13 @@ cdef class Broadphase(TreeBase):
         self.slot_capacity = 0
         self.moved = NULL
         self.moved_count = self.moved_capacity = 0
+        self.drift = NULL
+        self.due = NULL
+        self.due_capacity = 0
+        self.flips = NULL
+        self.flip_count = self.flip_capacity = 0
+        grid_init(&self.grid)
+        self.grid_stale = self.sensors_stale = True
         memset(&self.ended, 0, sizeof(PairBuffer))
         memset(&self.leaving, 0, sizeof(PairBuffer))
         memset(&self.entered, 0, sizeof(PairBuffer))
@@ -285,6 +348,10 @@ cdef class Broadphase(TreeBase):
         free(self.groups)
         free(self.masks)
         free(self.moved)
+        free(self.drift)
+        free(self.due)
+        free(self.flips)
+        grid_free(&self.grid)
         pairs_free(&self.ended)
         pairs_free(&self.leaving)
         pairs_free(&self.entered)
@@ -320,8 +387,15 @@ cdef class Broadphase(TreeBase):
             if grown == NULL:
                 raise MemoryError()
             self.partners = <Partners *>grown      # inline entries moved with it
+            if self.drift != NULL:
+                grown = realloc(self.drift, capacity * sizeof(double))
+                if grown == NULL:
+                    raise MemoryError()
+                self.drift = <double *>grown
             for i in range(self.slot_capacity, capacity):
                 self.groups[i] = self.masks[i] = 0
+                if self.drift != NULL:
+                    self.drift[i] = 0.0
                 self.partners[i].count = 0
                 self.partners[i].capacity = INLINE_PARTNERS
             self.slot_capacity = capacity
@@ -332,6 +406,15 @@ cdef class Broadphase(TreeBase):
                 raise MemoryError()
             self.moved = moved
             self.moved_capacity = need
+        return 0
+
+    cdef int _track_drift(self) except -1:
+        """Start keeping the proxies' drifts (for the first sensor): a world without sensors has no use
+        for them, nor for their 8 bytes a proxy."""
+        if self.drift == NULL:
+            self.drift = <double *>calloc(max(self.slot_capacity, 1), sizeof(double))
+            if self.drift == NULL:
+                raise MemoryError()
         return 0
 
     cdef inline void _mark_moved(self, int32_t proxy, bint refat) noexcept nogil:
@@ -360,6 +443,9 @@ cdef class Broadphase(TreeBase):
             raise ValueError("sensors need pair tracking: this broadphase has track_pairs=False")
         self._check_new(id_arr)
         self._reserve(n, n)
+        if kind_arr.any():
+            self._track_drift()
+            self.grid_stale = self.sensors_stale = True
         cdef int32_t[::1] proxies = self._add(id_arr, box_arr)
         cdef Py_ssize_t i
         cdef int32_t proxy
@@ -372,8 +458,13 @@ cdef class Broadphase(TreeBase):
                 if statics[i]:
                     self.core.proxies[proxy].flags |= PROXY_STATIC
                 if kinds[i]:
-                    self.core.proxies[proxy].flags |= sensor_flag(kinds[i])
+                    core_set_sensor(&self.core, proxy, sensor_flag(kinds[i]))
                     self.sensor_count += 1
+                    # An empty list left on this slot by a proxy that was not a sensor has no room for
+                    # budgets: start inline, and the list grows into a sensor's when it needs the heap.
+                    if self.partners[proxy].capacity != INLINE_PARTNERS:
+                        free(self.partners[proxy].entries.heap)
+                        self.partners[proxy].capacity = INLINE_PARTNERS
                     # Inserted with the fat box of a plain proxy: grow it to hold the sensor's reach.
                     memcpy(tight, self.core.proxies[proxy].tight, sizeof(tight))
                     self._move_proxy(proxy, tight)
@@ -387,8 +478,15 @@ cdef class Broadphase(TreeBase):
         cdef float reach[6]
         cdef float old_reach[6]
         cdef bint refat
-        if not (p.flags & PROXY_SENSOR) or self.sensor_margin == 0.0:
-            return core_move(&self.core, proxy, tight)
+        if self.sensor_count:
+            # Without sensors there are no budgets to set against the drifts, and a new sensor's
+            # partners start untested: it only matters how far proxies move from then on.
+            self.drift[proxy] = nextafter(self.drift[proxy] + move_drift(p.tight, tight, p.flags, self.core.dims),
+                                          INFINITY)
+        if not (p.flags & PROXY_SENSOR):
+            return core_move(&self.core, proxy, tight, PREDICTION_STEPS)
+        if self.sensor_margin == 0.0:
+            return core_move(&self.core, proxy, tight, SENSOR_PREDICTION_STEPS)
         grow_outward(tight, reach, self.sensor_margin, self.core.dims)
         if box_contains(p.fat, reach):
             memcpy(p.tight, tight, 6 * sizeof(float))
@@ -396,7 +494,7 @@ cdef class Broadphase(TreeBase):
         # core_move predicts the next move from the last one: let it compare reach with reach.
         grow_outward(p.tight, old_reach, self.sensor_margin, self.core.dims)
         memcpy(p.tight, old_reach, 6 * sizeof(float))
-        refat = core_move(&self.core, proxy, reach)
+        refat = core_move(&self.core, proxy, reach, SENSOR_PREDICTION_STEPS)
         memcpy(self.core.proxies[proxy].tight, tight, 6 * sizeof(float))
         return refat
 
@@ -433,6 +531,8 @@ cdef class Broadphase(TreeBase):
                         before[row, dims + k] = self.core.proxies[proxies[row]].tight[3 + k]
                 load_box(&rows[row, 0], self.core.dims, box)
                 refat = self._move_proxy(proxies[row], box)
+                if refat and is_sensor(&self.core, proxies[row]):
+                    self.grid_stale = True
                 refattened += refat
                 self._mark_moved(proxies[row], refat)
         self._after_change()
@@ -456,7 +556,7 @@ cdef class Broadphase(TreeBase):
                 items = items_of(&self.partners[proxy])
                 for k in range(self.partners[proxy].count):
                     other = items[k] >> 1
-                    partners_erase(&self.partners[other], proxy)
+                    partners_erase(&self.partners[other], proxy, is_sensor(&self.core, other))
                     if items[k] & TOUCHING:
                         self._ended(proxy, other, &self.ended, &self.leaving)
                 self.listed -= 2 * self.partners[proxy].count
@@ -464,6 +564,7 @@ cdef class Broadphase(TreeBase):
                 self.groups[proxy] = self.masks[proxy] = 0
                 if is_sensor(&self.core, proxy):
                     self.sensor_count -= 1
+                    self.grid_stale = self.sensors_stale = True
                 core_remove(&self.core, proxy)
         self._after_change()
 
@@ -539,14 +640,17 @@ cdef class Broadphase(TreeBase):
         kept for sensor_events()."""
         cdef PairBuffer begun
         cdef PairBuffer ended = self.ended
+        cdef PairBuffer spare = self.left
         cdef int status
         self.listed_limit = -1 if max_fat_pairs is None else 2 * int(max_fat_pairs)
         memset(&begun, 0, sizeof(PairBuffer))
         memset(&self.ended, 0, sizeof(PairBuffer))
-        pairs_free(&self.entered)
-        pairs_free(&self.left)
+        # The event buffers are kept from update to update: with sensors moving every tick they are
+        # large, and a fresh allocation each time would take fresh pages from the system.
+        self.entered.count = 0
         self.left = self.leaving
-        memset(&self.leaving, 0, sizeof(PairBuffer))
+        self.leaving = spare
+        self.leaving.count = 0
         with nogil:
             status = self._track(&begun, &ended)
             if status == 0:
@@ -556,7 +660,7 @@ cdef class Broadphase(TreeBase):
         if status != 0:
             pairs_free(&begun)
             pairs_free(&ended)
-            pairs_free(&self.entered)
+            self.entered.count = 0
             if status == FAT_LIMIT:
                 raise FatPairLimit(f"more than {max_fat_pairs} pairs of fat boxes")
             raise MemoryError()
@@ -602,6 +706,7 @@ cdef class Broadphase(TreeBase):
         cdef Py_ssize_t i
         cdef int32_t sensor, proxy
         cdef int32_t *entry
+        cdef double *budgets
         found = []
         for i in range(len(pairs)):
             sensor = self._existing(pairs[i:i + 1, 0])[0]
@@ -618,6 +723,9 @@ cdef class Broadphase(TreeBase):
                 continue
             entry[0] ^= TOUCHING
             partners_find(&self.partners[proxy], sensor)[0] ^= TOUCHING
+            budgets = budgets_of(&self.partners[sensor])
+            if budgets != NULL:     # a decision set, not tested: the next move re-tests it
+                budgets[entry - items_of(&self.partners[sensor])] = -INFINITY
             self.inside += 1 if flags[i] else -1
         self._after_change()
 
@@ -630,6 +738,12 @@ cdef class Broadphase(TreeBase):
         cdef Hits hits
         memset(&stack, 0, sizeof(Stack))
         memset(&hits, 0, sizeof(Hits))
+        if self.sensor_count and self.grid_stale:
+            if self.sensors_stale and grid_list_sensors(&self.grid, &self.core) != 0:
+                return -1
+            if grid_build(&self.grid, &self.core) != 0:
+                return -1
+            self.grid_stale = self.sensors_stale = False
         # Proxy numbers follow the tree's order after a build, so taking the moved proxies in
         # that order keeps consecutive queries on the same, cache-warm paths.
         sort_int32(self.moved, self.moved_count)
@@ -638,6 +752,14 @@ cdef class Broadphase(TreeBase):
                 status = self._refresh_partners(self.moved[m], &stack, &hits, ended)
         stack_free(&stack)
         hits_free(&hits)
+        # The moved sensors first, their flips on their partners' side gathered, then made with the
+        # lists fetched ahead (even after a failure, so that both sides agree); then the other moved
+        # proxies, which see the flipped bits.
+        self.flip_count = 0
+        for m in range(self.moved_count if self.sensor_count else 0):
+            if status == 0 and is_sensor(&self.core, self.moved[m]):
+                status = self._retest(self.moved[m], begun, ended)
+        self._flip_partner_sides()
         for m in range(self.moved_count):
             prefetch_partners(&self.core, self.partners, self.moved, m, self.moved_count)
             if status == 0:
@@ -648,61 +770,109 @@ cdef class Broadphase(TreeBase):
             self.moved_count = 0
         return status
 
+    cdef void _flip_partner_sides(self) noexcept nogil:
+        """Flip the bits _retest_sensor gathered on the proxies' side of their pairs: each is a search in
+        a list far from the last, so a list's header, then its entries, are fetched ahead."""
+        cdef int64_t f
+        cdef const Partners *ahead
+        for f in range(self.flip_count):
+            if f + 2 * PREFETCH_AHEAD < self.flip_count:
+                prefetch(&self.partners[self.flips[2 * (f + 2 * PREFETCH_AHEAD)]])
+            if f + PREFETCH_AHEAD < self.flip_count:
+                ahead = &self.partners[self.flips[2 * (f + PREFETCH_AHEAD)]]
+                prefetch(items_of(ahead) + ahead.count // 2)
+            partners_find(&self.partners[self.flips[2 * f]], self.flips[2 * f + 1])[0] ^= TOUCHING
+        self.flip_count = 0
+
     cdef int _refresh_partners(self, int32_t proxy, Stack *stack, Hits *hits, PairBuffer *ended) noexcept nogil:
         """Replace the partner list of a proxy with a new fat box by the proxies that box overlaps."""
         cdef TreeCore *t = &self.core
         cdef Partners *mine = &self.partners[proxy]
         cdef int32_t *items = items_of(mine)
+        cdef bint sensor = is_sensor(t, proxy)
+        cdef double *budgets = budgets_of(mine) if sensor else NULL
         cdef Query q
         cdef int64_t h, kept = 0
         cdef int32_t i = 0, j = 0, other, entry
-        cdef int status = 0
+        cdef int status = 0, found
         if (t.proxies[proxy].flags & PROXY_LIVE) == 0:
             return 0
         t.proxies[proxy].flags &= ~PROXY_REFAT
         q.kind = QUERY_FAT_BOX
         q.groups = NULL
-        q.skip_flags = 0
+        # The walk leaves out the sensors' subtree: a sensor never pairs with one, and the grid finds
+        # them for the rest, unless the box is too large for its cells.
+        q.skip_flags = PROXY_SENSOR if self.sensor_count else 0
         q.first_hit = False
         memcpy(q.box, t.proxies[proxy].fat, sizeof(q.box))
         hits.count = 0
         if walk(t, &q, stack, hits) != 0:
             return -1
+        found = 0
+        if self.sensor_count and not sensor:
+            found = grid_find(&self.grid, t, q.box, hits)
+            if found == 1:
+                q.skip_flags = 0
+                hits.count = 0
+                found = walk(t, &q, stack, hits)
+            if found != 0:
+                return -1
+            found = 1
         for h in range(hits.count):
             other = hits.proxies[h]
             if other != proxy and listed_allowed(t, self.groups, self.masks, proxy, other):
                 hits.proxies[kept] = other
                 kept += 1
         sort_int32(hits.proxies, kept)
-        # Merge old and new lists: the old entries keep their touching bit; partners that left
-        # end their pair if it was touching; new ones start untouched (stage 2 decides).
+        if found:
+            # A sensor the grid lists in several cells is found once per cell.
+            h = kept
+            kept = 0
+            for i in range(h):
+                if kept == 0 or hits.proxies[i] != hits.proxies[kept - 1]:
+                    hits.proxies[kept] = hits.proxies[i]
+                    kept += 1
+            i = 0
+        # Merge old and new lists: the old entries keep their touching bit (and a sensor's, its
+        # budgets, which the walk's unused fractions hold meanwhile); partners that left end their
+        # pair if it was touching; new ones start untouched and untested (stage 2 decides).
         while status == 0 and (i < mine.count or j < kept):
             if j == kept or (i < mine.count and (items[i] >> 1) < hits.proxies[j]):
                 entry = items[i]
-                partners_erase(&self.partners[entry >> 1], proxy)
+                partners_erase(&self.partners[entry >> 1], proxy, self._sensor_partner(proxy, entry >> 1))
                 self.listed -= 1
                 if entry & TOUCHING:
                     status = self._ended(proxy, entry >> 1, ended, &self.left)
                 i += 1
             elif i == mine.count or hits.proxies[j] < (items[i] >> 1):
                 other = hits.proxies[j]
-                status = partners_insert(&self.partners[other], proxy)
+                status = partners_insert(&self.partners[other], proxy, self._sensor_partner(proxy, other))
                 self.listed += 1
                 hits.proxies[j] = other << 1
+                hits.fractions[j] = -INFINITY
                 j += 1
             else:
                 hits.proxies[j] = items[i]
+                hits.fractions[j] = budgets[i] if budgets != NULL else -INFINITY
                 i += 1
                 j += 1
-        if status != 0 or partners_reserve(mine, <int32_t>kept) != 0:
+        if status != 0 or partners_reserve(mine, <int32_t>kept, sensor) != 0:
             return -1
         if kept:
             memcpy(items_of(mine), hits.proxies, kept * sizeof(int32_t))
+            budgets = budgets_of(mine) if sensor else NULL
+            if budgets != NULL:
+                memcpy(budgets, hits.fractions, kept * sizeof(double))
         self.listed += kept - mine.count
         mine.count = <int32_t>kept
         if 0 <= self.listed_limit < self.listed:
             return FAT_LIMIT
         return 0
+
+    cdef inline bint _sensor_partner(self, int32_t proxy, int32_t other) noexcept nogil:
+        """Whether `other`, a partner of `proxy`, is a sensor: without reading its flags, a cache miss,
+        when it cannot be (there are no sensors, or `proxy` is one)."""
+        return self.sensor_count != 0 and not is_sensor(&self.core, proxy) and is_sensor(&self.core, other)
 
     cdef int _retest(self, int32_t proxy, PairBuffer *begun, PairBuffer *ended) noexcept nogil:
         """Compare a moved proxy's tight box with each partner's; flip the bit on both sides."""
@@ -715,17 +885,20 @@ cdef class Broadphase(TreeBase):
         if (t.proxies[proxy].flags & (PROXY_LIVE | PROXY_MOVED)) != (PROXY_LIVE | PROXY_MOVED):
             return 0        # destroyed since, or listed twice
         # PROXY_SEEN marks the proxies whose pairs this update has re-tested (_track clears it): a
-        # pair of two moved proxies is tested once, by whichever comes first.
+        # pair of two moved proxies is tested once, by whichever comes first. A moved sensor's own pass
+        # decides every pair of its list (its budgets count both drifts), so its partners skip it too.
         t.proxies[proxy].flags = (t.proxies[proxy].flags & ~PROXY_MOVED) | PROXY_SEEN
+        if is_sensor(t, proxy):
+            return self._retest_sensor(proxy)
         for k in range(mine.count):
-            # A sensor's list is long (every proxy within its reach): fetch partners ahead.
+            # Within reach of many sensors, a list grows long: fetch partners ahead.
             if k + PREFETCH_AHEAD < mine.count:
                 prefetch(&t.proxies[items[k + PREFETCH_AHEAD] >> 1])
             other = items[k] >> 1
             if t.proxies[other].flags & PROXY_SEEN:
                 continue
-            if is_sensor(t, proxy) or is_sensor(t, other):
-                if self._retest_sensor(proxy, other, &items[k]) != 0:
+            if is_sensor(t, other):
+                if self._visit_sensor(other, proxy, &items[k]) != 0:
                     return -1
                 continue
             now = tight_overlap(t, proxy, other)
@@ -739,20 +912,86 @@ cdef class Broadphase(TreeBase):
                 return -1
         return 0
 
-    cdef int _retest_sensor(self, int32_t proxy, int32_t other, int32_t *entry) noexcept nogil:
-        """A sensor pair: a proxy outside enters when it touches the shape; one inside leaves when it
-        no longer touches the shape grown by the sensor margin. Between the two nothing changes."""
+    cdef int _retest_sensor(self, int32_t sensor) noexcept nogil:
+        """A moved sensor re-tests its partners, but only those that may have changed: a pair's budget,
+        set at its last test, is the sum of the two drifts then and the slack the test found (how far
+        the boxes had to move, in sum, to reach the next threshold); while the drifts' sum stays
+        below it, the decision stands. Passing those over reads a budget and a drift per partner
+        instead of its proxy, which a sensor's long list (every proxy within its reach) would miss
+        in cache, and the shape is computed once for the whole list."""
         cdef TreeCore *t = &self.core
-        cdef int32_t sensor = proxy, visitor = other
+        cdef Partners *mine = &self.partners[sensor]
+        cdef int32_t *items = items_of(mine)
+        cdef double *budgets = budgets_of(mine)
+        cdef double own = self.drift[sensor], slack
+        cdef int64_t capacity
+        cdef int32_t *due
+        cdef int32_t *flips
+        cdef int32_t n = 0, d, k, other
+        cdef bint inside, now
+        cdef Shape shape
+        if mine.count > self.due_capacity:
+            capacity = max(<int64_t>mine.count, 2 * self.due_capacity)
+            due = <int32_t *>realloc(self.due, capacity * sizeof(int32_t))
+            if due == NULL:
+                return -1
+            self.due = due
+            self.due_capacity = capacity
+        due = self.due
+        for k in range(mine.count):
+            due[n] = k
+            n += budgets == NULL or own + self.drift[items[k] >> 1] >= budgets[k]
+        shape_of(&shape, t.proxies[sensor].tight, t.proxies[sensor].flags, t.dims, self.sensor_margin)
+        for d in range(n):
+            if d + PREFETCH_AHEAD < n:
+                prefetch(t.proxies[items[due[d + PREFETCH_AHEAD]] >> 1].tight)
+            k = due[d]
+            other = items[k] >> 1
+            inside = (items[k] & TOUCHING) != 0
+            now = shape_touches(&shape, t.proxies[other].tight, inside, &slack)
+            if budgets != NULL:
+                budgets[k] = budget(slack, own, self.drift[other])
+            if now == inside:
+                continue
+            if self.flip_count == self.flip_capacity:
+                capacity = max(<int64_t>256, 2 * self.flip_capacity)
+                flips = <int32_t *>realloc(self.flips, 2 * capacity * sizeof(int32_t))
+                if flips == NULL:
+                    return -1
+                self.flips = flips
+                self.flip_capacity = capacity
+            items[k] ^= TOUCHING
+            self.flips[2 * self.flip_count] = other
+            self.flips[2 * self.flip_count + 1] = sensor
+            self.flip_count += 1
+            self.inside += 1 if now else -1
+            if rows_push(&self.entered if now else &self.left, t.proxies[sensor].id, t.proxies[other].id) != 0:
+                return -1
+        return 0
+
+    cdef int _visit_sensor(self, int32_t sensor, int32_t visitor, int32_t *entry) noexcept nogil:
+        """A moved proxy re-tests a sensor partner (on the proxy's side of the pair, `entry`): a proxy
+        outside enters when it touches the shape; one inside leaves when it no longer touches the
+        shape grown by the sensor margin. Between the two nothing changes."""
+        cdef TreeCore *t = &self.core
+        cdef Partners *sensor_list = &self.partners[sensor]
         cdef bint inside = (entry[0] & TOUCHING) != 0
         cdef bint now
-        if is_sensor(t, other):
-            sensor, visitor = other, proxy
-        now = sensor_touches(t, sensor, visitor, self.sensor_margin if inside else 0.0)
+        cdef int32_t *theirs
+        cdef double *budgets
+        cdef double slack
+        cdef Shape shape
+        shape_of(&shape, t.proxies[sensor].tight, t.proxies[sensor].flags, t.dims, self.sensor_margin)
+        now = shape_touches(&shape, t.proxies[visitor].tight, inside, NULL)
         if now == inside:
-            return 0
+            return 0    # the sensor's budget for the pair still holds: it counts this move's drift
         entry[0] ^= TOUCHING
-        partners_find(&self.partners[other], proxy)[0] ^= TOUCHING
+        theirs = partners_find(sensor_list, visitor)
+        theirs[0] ^= TOUCHING
+        budgets = budgets_of(sensor_list)
+        if budgets != NULL:
+            shape_touches(&shape, t.proxies[visitor].tight, now, &slack)
+            budgets[theirs - items_of(sensor_list)] = budget(slack, self.drift[sensor], self.drift[visitor])
         self.inside += 1 if now else -1
         return rows_push(&self.entered if now else &self.left, t.proxies[sensor].id, t.proxies[visitor].id)
 
@@ -841,16 +1080,21 @@ cdef class Broadphase(TreeBase):
         for i in range(self.slot_capacity):
             listed += self.partners[i].count
             if self.partners[i].capacity != INLINE_PARTNERS:
-                partner_bytes += self.partners[i].capacity * sizeof(int32_t)
+                partner_bytes += self.partners[i].capacity * (
+                    sizeof(int32_t) + (sizeof(double) if is_sensor(&self.core, i) else 0))
         info["pairs"] = self.touching
         info["sensors"] = self.sensor_count
         info["sensor_pairs"] = self.inside
         info["fat_pairs"] = listed // 2
         info["pending_moves"] = self.moved_count
         info["track_pairs"] = self.track_pairs
-        info["memory_bytes"] += (self.slot_capacity * (2 * sizeof(uint32_t) + sizeof(Partners))
-                                 + partner_bytes + self.moved_capacity * sizeof(int32_t)
-                                 + self.ended.capacity * sizeof(IdPair))
+        info["memory_bytes"] += (self.slot_capacity * (2 * sizeof(uint32_t) + sizeof(Partners)
+                                                       + (sizeof(double) if self.drift != NULL else 0))
+                                 + partner_bytes + (self.moved_capacity + self.due_capacity) * sizeof(int32_t)
+                                 + (self.flip_capacity * 2 + self.grid.start_capacity + self.grid.entry_capacity
+                                    + self.grid.sensor_capacity) * sizeof(int32_t)
+                                 + (self.ended.capacity + self.entered.capacity + self.left.capacity
+                                    + self.leaving.capacity) * sizeof(IdPair))
         return info
 
     def validate(self):
@@ -858,13 +1102,17 @@ cdef class Broadphase(TreeBase):
         between live proxies that may pair; with nothing pending, exactly the pairs of overlapping
         fat boxes, marked touching exactly where the tight boxes overlap; a sensor pair marked inside
         only where the proxy touches the grown shape, and outside only where it does not touch the
-        shape."""
+        shape; and, pending or not, each sensor pair that a re-test would pass over (its budget not
+        yet reached) already decided as a test would decide it."""
         TreeBase.validate(self)
         cdef TreeCore *t = &self.core
         cdef int32_t proxy, other, k, entry
         cdef int32_t *theirs
         cdef int32_t *items
+        cdef double *budgets
         cdef Partners *mine
+        cdef Shape shape
+        cdef bint touches
         cdef int64_t listed = 0, touching = 0, inside = 0, sensor_entries = 0, sensors = 0
         cdef bint settled = (self.track_pairs and self.moved_count == 0 and self.ended.count == 0
                              and self.leaving.count == 0)
@@ -875,11 +1123,14 @@ cdef class Broadphase(TreeBase):
                 if mine.count:
                     raise RuntimeError("dbvt invariant broken: a free proxy has partners")
                 continue
+            budgets = NULL
             if is_sensor(t, proxy):
                 sensors += 1
                 grow_outward(t.proxies[proxy].tight, reach, self.sensor_margin, t.dims)
                 if not box_contains(t.proxies[proxy].fat, reach):
                     raise RuntimeError("dbvt invariant broken: a sensor's fat box does not hold its reach")
+                shape_of(&shape, t.proxies[proxy].tight, t.proxies[proxy].flags, t.dims, self.sensor_margin)
+                budgets = budgets_of(mine)
             if mine.capacity < INLINE_PARTNERS or mine.count > mine.capacity:
                 raise RuntimeError("dbvt invariant broken: a partner list holds more than its capacity")
             items = items_of(mine)
@@ -898,9 +1149,12 @@ cdef class Broadphase(TreeBase):
                 if is_sensor(t, proxy):
                     sensor_entries += 1
                     inside += entry & TOUCHING
-                    if settled and (entry & TOUCHING) != sensor_touches(
-                            t, proxy, other, self.sensor_margin if entry & TOUCHING else 0.0):
+                    touches = shape_touches(&shape, t.proxies[other].tight, entry & TOUCHING, NULL)
+                    if settled and (entry & TOUCHING) != touches:
                         raise RuntimeError("dbvt invariant broken: a sensor pair is inside where it must not be")
+                    if (budgets != NULL and self.drift[proxy] + self.drift[other] < budgets[k]
+                            and (entry & TOUCHING) != touches):
+                        raise RuntimeError("dbvt invariant broken: a sensor pair's budget outlasts its decision")
                 elif is_sensor(t, other):
                     sensor_entries += 1
                 elif settled and (entry & TOUCHING) != tight_overlap(t, proxy, other):
@@ -1020,16 +1274,22 @@ cdef class Broadphase(TreeBase):
         cdef int64_t offset = 0, e, moves = moved_count, ends = ended_count, leaves = leaving_count
         cdef int failed = 0
         cdef int32_t *entries
+        cdef double *budgets
+        cdef bint sensor
         with nogil:
             for i in range(slots):
                 bp.groups[i] = group_view[i]
                 bp.masks[i] = mask_view[i]
-                if count_view[i] and partners_reserve(&bp.partners[i], count_view[i]) != 0:
+                sensor = is_sensor(&bp.core, i)
+                if count_view[i] and partners_reserve(&bp.partners[i], count_view[i], sensor) != 0:
                     failed = 1
                     break
                 entries = items_of(&bp.partners[i])
+                budgets = budgets_of(&bp.partners[i]) if sensor else NULL
                 for k in range(count_view[i]):
                     entries[k] = item_view[offset + k]
+                    if budgets != NULL:     # budgets are not saved: the sensors' next moves test all
+                        budgets[k] = -INFINITY
                 bp.partners[i].count = count_view[i]
                 offset += count_view[i]
             for e in range(moves):
@@ -1043,6 +1303,8 @@ cdef class Broadphase(TreeBase):
             bp._count_touching()
         if failed:
             raise MemoryError()
+        if bp.sensor_count:
+            bp._track_drift()
         bp.moved_count = moved_count
         bp.listed = total
         try:

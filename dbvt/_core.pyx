@@ -32,12 +32,6 @@ cdef enum:
     # faster than reinserting below the ancestor, for a 1% higher SAH cost that does not creep up.
     ENLARGE_LEVELS = 3
 
-# A reinserted leaf's new fat box also covers this many more moves of the same displacement (Box2D's
-# aabbMultiplier), so steadily moving objects are reinserted every few moves instead of every move.
-# On W1 (10% of proxies move per step, |v| <= 0.5) 3 cuts reinsertions from 52% to 32% of moves and the
-# broadphase step by about 40%, for about 30% more fat-box partners.
-cdef float PREDICTION_STEPS = 3.0
-
 
 # ---------------------------------------------------------------------------------------------
 # Boxes (the primitives every module shares are in _core.pxd).
@@ -86,10 +80,6 @@ cdef inline void fatten(const TreeCore *t, const float *tight, float *fat) noexc
 
 # ---------------------------------------------------------------------------------------------
 # Tree references: internal node (>= 0) or leaf (~proxy).
-
-cdef inline int32_t ref_parent(const TreeCore *t, int32_t ref) noexcept nogil:
-    return t.parents[ref] if ref >= 0 else t.proxies[~ref].parent
-
 
 cdef inline void set_parent(TreeCore *t, int32_t ref, int32_t parent) noexcept nogil:
     if ref >= 0:
@@ -153,6 +143,7 @@ cdef int core_init(TreeCore *t, int32_t dims, float margin) noexcept nogil:
     t.slots = NULL
     t.slot_mask = -1
     t.root = NULL_REF
+    t.sensor_root = NULL_REF
     t.dims = dims
     t.margin = margin
     return 0
@@ -478,15 +469,42 @@ cdef void rotate(TreeCore *t, int32_t a) noexcept nogil:
     refit(t, a)
 
 
+cdef inline bint is_join(const TreeCore *t, int32_t index) noexcept nogil:
+    return index == t.root and t.sensor_root != NULL_REF and t.sensor_root != t.root
+
+
+cdef void join_subtree(TreeCore *t, int32_t leaf, bint sensor) noexcept nogil:
+    """Make `leaf` the first of its kind (sensor or not): the root, or joined with the other kind's."""
+    cdef int32_t join
+    if t.root == NULL_REF:
+        t.root = leaf
+        set_parent(t, leaf, NULL_REF)
+    else:
+        join = alloc_node(t)
+        t.nodes[join].child[0] = t.root if sensor else leaf
+        t.nodes[join].child[1] = leaf if sensor else t.root
+        set_parent(t, t.root, join)
+        set_parent(t, leaf, join)
+        t.parents[join] = NULL_REF
+        t.root = join
+        refit(t, join)
+    if sensor:
+        t.sensor_root = leaf
+
+
 cdef void insert_leaf(TreeCore *t, int32_t proxy, int32_t start) noexcept nogil:
-    """Insert a leaf below `start` (the root, or a node whose box already holds the leaf's)."""
+    """Insert a leaf below `start` (the root, or a node of its kind's subtree whose box already holds
+    the leaf's)."""
     cdef int32_t leaf = ~proxy
     cdef int32_t sibling, old_parent, parent, index
     cdef float *fat = t.proxies[proxy].fat
-    if t.root == NULL_REF:
-        t.root = leaf
-        t.proxies[proxy].parent = NULL_REF
+    cdef bint sensor = (t.proxies[proxy].flags & PROXY_SENSOR) != 0
+    cdef int32_t top = subtree_root(t, sensor)
+    if top == NULL_REF:
+        join_subtree(t, leaf, sensor)
         return
+    if start == t.root:
+        start = top
     # Stage 1: where the new leaf costs least.
     sibling = find_best_sibling(t, fat, start)
     # Stage 2: a new parent joins the sibling and the leaf.
@@ -500,12 +518,15 @@ cdef void insert_leaf(TreeCore *t, int32_t proxy, int32_t start) noexcept nogil:
     replace_child(t, old_parent, sibling, parent)
     set_parent(t, sibling, parent)
     set_parent(t, leaf, parent)
+    if sibling == t.sensor_root:
+        t.sensor_root = parent
     # Stage 3: refit the ancestors and let rotations undo what greedy insertion got wrong. Above
     # the first ancestor that already held the leaf (and kept its height) nothing changed.
     rotate(t, parent)
     index = t.parents[parent]
     while index != NULL_REF and refit(t, index):
-        rotate(t, index)
+        if not is_join(t, index):
+            rotate(t, index)
         index = t.parents[index]
 
 
@@ -516,10 +537,16 @@ cdef void remove_leaf(TreeCore *t, int32_t proxy) noexcept nogil:
     t.proxies[proxy].parent = NULL_REF
     if parent == NULL_REF:
         t.root = NULL_REF
+        if t.sensor_root == leaf:
+            t.sensor_root = NULL_REF
         return
     grand = t.parents[parent]
     sibling = t.nodes[parent].child[0] if t.nodes[parent].child[1] == leaf else t.nodes[parent].child[1]
     replace_child(t, grand, parent, sibling)
+    if t.sensor_root == parent:
+        t.sensor_root = sibling
+    elif t.sensor_root == leaf:
+        t.sensor_root = NULL_REF        # the last sensor: the join above it went with it
     free_node(t, parent)
     # Ancestors only shrink; once one is unchanged, so is everything above it.
     index = grand
@@ -552,9 +579,9 @@ cdef void core_remove(TreeCore *t, int32_t proxy) noexcept nogil:
     t.proxy_count -= 1
 
 
-cdef bint core_move(TreeCore *t, int32_t proxy, const float *tight) noexcept nogil:
+cdef bint core_move(TreeCore *t, int32_t proxy, const float *tight, float prediction) noexcept nogil:
     """Give a proxy a new tight box; True when it left its fat box and got a new one (kept in place
-    when a near ancestor holds that, else reinserted)."""
+    when a near ancestor holds that, else reinserted), covering `prediction` more such moves."""
     cdef Proxy *p = &t.proxies[proxy]
     cdef float shift, limit
     cdef float fat[6]
@@ -567,7 +594,7 @@ cdef bint core_move(TreeCore *t, int32_t proxy, const float *tight) noexcept nog
     for i in range(t.dims):
         # Predict the next move from this one, but never by more than the box's own size: a
         # teleport must not leave a huge fat box behind.
-        shift = PREDICTION_STEPS * (tight[i] - p.tight[i])
+        shift = prediction * (tight[i] - p.tight[i])
         limit = tight[i + 3] - tight[i] + t.margin
         if shift > limit:
             shift = limit
@@ -893,6 +920,18 @@ cdef int64_t form_clusters(const uint64_t *keys, int64_t n, Cluster *clusters) n
     return count
 
 
+cdef void free_nodes_from(TreeCore *t, int32_t first) noexcept nogil:
+    """Put nodes first.. of the pool on the free list, lowest first: the rest are in use."""
+    cdef int32_t i = t.node_capacity - 1
+    t.node_count = first
+    t.free_node = NULL_REF
+    while i >= first:
+        t.heights[i] = -1
+        t.parents[i] = t.free_node
+        t.free_node = i
+        i -= 1
+
+
 cdef void build_tree(TreeCore *t, BuildItem *tops, const BuildItem *leaves, const Cluster *clusters,
                      int64_t k, BuildTask *tasks, bint new_leaves, int32_t *proxy_refs) noexcept nogil:
     """Build the whole tree top down: binned SAH over the k cluster items `tops`, then inside each
@@ -972,13 +1011,7 @@ cdef void build_tree(TreeCore *t, BuildItem *tops, const BuildItem *leaves, cons
         t.heights[i] = 1 + max(ref_height(t, t.nodes[i].child[0]), ref_height(t, t.nodes[i].child[1]))
         t.costs[i] = box_cost(t.nodes[i].box, planar)
         i -= 1
-    t.free_node = NULL_REF
-    i = t.node_capacity - 1
-    while i >= t.node_count:
-        t.heights[i] = -1
-        t.parents[i] = t.free_node
-        t.free_node = <int32_t>i
-        i -= 1
+    free_nodes_from(t, t.node_count)
 
 
 cdef int build_from_items(TreeCore *t, const BuildItem *items, int64_t n, const uint64_t *ids,
@@ -1037,13 +1070,15 @@ cdef int build_from_items(TreeCore *t, const BuildItem *items, int64_t n, const 
 
 
 cdef int core_rebuild(TreeCore *t) noexcept nogil:
+    """Build the tree afresh: every proxy but the sensors in one build, the sensors inserted after it
+    into their own subtree."""
     cdef int64_t n = t.proxy_count, k = 0
     cdef BuildItem *items
     cdef int32_t p, i
-    cdef int status
+    cdef int status = 0
     cdef float *fat
+    t.root = t.sensor_root = NULL_REF
     if n == 0:
-        t.root = NULL_REF
         return 0
     if n - 1 > t.node_capacity and grow_nodes(t, n - 1) != 0:
         return -1
@@ -1051,16 +1086,77 @@ cdef int core_rebuild(TreeCore *t) noexcept nogil:
     if items == NULL:
         return -1
     for p in range(t.proxy_capacity):
-        if t.proxies[p].flags & PROXY_LIVE:
+        if (t.proxies[p].flags & (PROXY_LIVE | PROXY_SENSOR)) == PROXY_LIVE:
             fat = t.proxies[p].fat
             memcpy(items[k].box, fat, 6 * sizeof(float))
             for i in range(3):
                 items[k].center[i] = 0.5 * fat[i] + 0.5 * fat[i + 3]
             items[k].ref = ~p
             k += 1
-    status = build_from_items(t, items, n, NULL, NULL, NULL)
+    if k:
+        status = build_from_items(t, items, k, NULL, NULL, NULL)
+    else:
+        free_nodes_from(t, 0)
     free(items)
+    for p in range(t.proxy_capacity):
+        if status == 0 and (t.proxies[p].flags & (PROXY_LIVE | PROXY_SENSOR)) > PROXY_LIVE:
+            insert_leaf(t, p, t.root)
     return status
+
+
+cdef void core_set_sensor(TreeCore *t, int32_t proxy, uint32_t flag) noexcept nogil:
+    """Make a proxy a sensor (`flag`: PROXY_SENSOR_BOX or PROXY_SENSOR_SPHERE): its leaf moves to
+    the sensors' subtree."""
+    remove_leaf(t, proxy)
+    t.proxies[proxy].flags |= flag
+    insert_leaf(t, proxy, t.root)
+
+
+cdef int core_split_sensors(TreeCore *t) noexcept nogil:
+    """After loading a checked tree, find its sensors' subtree: the root's child 1 (or the root) when
+    it holds every sensor and nothing else; otherwise (data saved before sensors had a subtree of
+    their own) make it, moving each sensor's leaf there."""
+    cdef int64_t sensors = 0, rest = 0, found = 0, top = 0
+    cdef int32_t p, ref, candidate = NULL_REF
+    cdef int32_t *stack
+    for p in range(t.proxy_capacity):
+        if t.proxies[p].flags & PROXY_LIVE:
+            if t.proxies[p].flags & PROXY_SENSOR:
+                sensors += 1
+            else:
+                rest += 1
+    t.sensor_root = NULL_REF
+    if sensors == 0:
+        return 0
+    if rest == 0:
+        candidate = t.root
+    elif t.root >= 0:
+        candidate = t.nodes[t.root].child[1]
+    stack = <int32_t *>malloc((t.node_count + 1) * sizeof(int32_t))
+    if stack == NULL:
+        return -1
+    stack[0] = candidate
+    top = 1
+    while top and candidate != NULL_REF:
+        top -= 1
+        ref = stack[top]
+        if ref < 0:
+            found += 1 if t.proxies[~ref].flags & PROXY_SENSOR else sensors + 1
+        else:
+            stack[top] = t.nodes[ref].child[0]
+            stack[top + 1] = t.nodes[ref].child[1]
+            top += 2
+    free(stack)
+    if found == sensors:
+        t.sensor_root = candidate
+        return 0
+    for p in range(t.proxy_capacity):
+        if (t.proxies[p].flags & (PROXY_LIVE | PROXY_SENSOR)) > PROXY_LIVE:
+            remove_leaf(t, p)
+    for p in range(t.proxy_capacity):
+        if (t.proxies[p].flags & (PROXY_LIVE | PROXY_SENSOR)) > PROXY_LIVE:
+            insert_leaf(t, p, t.root)
+    return 0
 
 
 cdef int core_bulk_insert(TreeCore *t, const uint64_t *ids, const float *rows, int64_t n,
@@ -1301,12 +1397,13 @@ cdef int walk_kind(const Kind *kind, const TreeCore *t, Query *q, Stack *stack, 
     cdef int32_t proxy
     cdef uint32_t pending = 1
     cdef double fraction
+    cdef int32_t root = subtree_root(t, False) if q.skip_flags & PROXY_SENSOR else t.root
     if Kind is FrustumKind:
         pending = <uint32_t>0xFFFFFFFF if q.plane_count == 32 else (<uint32_t>1 << q.plane_count) - 1
     stack.count = 0
-    if t.root == NULL_REF:
+    if root == NULL_REF:
         return 0
-    if stack_push(stack, t.root, pending) != 0:
+    if stack_push(stack, root, pending) != 0:
         return -1
     while stack.count:
         stack.count -= 1
@@ -1344,140 +1441,3 @@ cdef int walk(const TreeCore *t, Query *q, Stack *stack, Hits *hits) noexcept no
     if q.kind == QUERY_FAT_BOX:
         return walk_kind(<FatBoxKind *>NULL, t, q, stack, hits)
     return walk_kind(<FrustumKind *>NULL, t, q, stack, hits)
-
-
-# ---------------------------------------------------------------------------------------------
-# Invariants. Also run on data from from_bytes(), so every index is range-checked before use.
-
-cdef const char *core_check(const TreeCore *t) noexcept nogil:
-    cdef int64_t live = 0, free_count = 0, leaves = 0, internal = 0, visited = 0
-    cdef int64_t used_slots = 0, limit
-    cdef int32_t i, ref, child, k
-    cdef int32_t *stack
-    cdef int64_t top = 0
-    cdef Node *node
-    cdef const char *problem = NULL
-    cdef float box[6]
-    for i in range(t.proxy_capacity):
-        if t.proxies[i].flags & PROXY_LIVE:
-            live += 1
-            for k in range(3):
-                if not (t.proxies[i].tight[k] <= t.proxies[i].tight[k + 3]):
-                    return b"a tight box has min > max"
-                if not (-FLT_MAX <= t.proxies[i].fat[k] and t.proxies[i].fat[k + 3] <= FLT_MAX):
-                    return b"a box is not finite"
-            if not box_contains(t.proxies[i].fat, t.proxies[i].tight):
-                return b"a fat box does not contain its tight box"
-            if core_find(t, t.proxies[i].id) != i:
-                return b"the id table does not find a live proxy"
-    if live != t.proxy_count:
-        return b"the proxy count disagrees with the live proxies"
-    if t.slots != NULL:
-        for limit in range(t.slot_mask + 1):
-            if t.slots[limit] >= 0:
-                used_slots += 1
-                if t.slots[limit] >= t.proxy_capacity or not (t.proxies[t.slots[limit]].flags & PROXY_LIVE):
-                    return b"the id table names a free proxy"
-    if used_slots != live:
-        return b"the id table holds a different number of proxies"
-    ref = t.free_proxy
-    while ref != NULL_REF:
-        if ref < 0 or ref >= t.proxy_capacity or t.proxies[ref].flags != 0 or free_count > t.proxy_capacity:
-            return b"the proxy free list is broken"
-        free_count += 1
-        ref = t.proxies[ref].parent
-    if free_count + live != t.proxy_capacity:
-        return b"the proxy free list misses free proxies"
-    free_count = 0
-    ref = t.free_node
-    while ref != NULL_REF:
-        if ref < 0 or ref >= t.node_capacity or t.heights[ref] != -1 or free_count > t.node_capacity:
-            return b"the node free list is broken"
-        free_count += 1
-        ref = t.parents[ref]
-    if free_count + t.node_count != t.node_capacity:
-        return b"the node free list misses free nodes"
-    if t.root == NULL_REF:
-        if live or t.node_count:
-            return b"an empty tree holds proxies or nodes"
-        return NULL
-
-    limit = <int64_t>t.node_capacity + t.proxy_capacity + 1
-    stack = <int32_t *>malloc(limit * sizeof(int32_t))
-    if stack == NULL:
-        return b"out of memory while validating"
-    stack[0] = t.root
-    top = 1
-    if not ((t.root >= 0 and t.root < t.node_capacity and t.parents[t.root] == NULL_REF)
-            or (t.root < 0 and ~t.root < t.proxy_capacity and t.proxies[~t.root].parent == NULL_REF)):
-        problem = b"the root is out of range or has a parent"
-    while top and problem == NULL:
-        top -= 1
-        ref = stack[top]
-        visited += 1
-        if visited > limit:
-            problem = b"the tree has a cycle"
-            break
-        if ref < 0:
-            if not (t.proxies[~ref].flags & PROXY_LIVE):
-                problem = b"a leaf names a free proxy"
-            leaves += 1
-            continue
-        node = &t.nodes[ref]
-        internal += 1
-        if t.heights[ref] < 1:
-            problem = b"an internal node is free or has height < 1"
-            break
-        for k in range(2):
-            child = node.child[k]
-            if child >= t.node_capacity or (child < 0 and ~child >= t.proxy_capacity):
-                problem = b"a child reference is out of range"
-                break
-            if ref_parent(t, child) != ref:
-                problem = b"a child does not point back to its parent"
-                break
-            if not box_contains(node.box, ref_box(t, child)):
-                problem = b"a node box does not contain its child's box"
-                break
-            if top >= limit:
-                problem = b"the tree has a cycle"
-                break
-            stack[top] = child
-            top += 1
-        if problem == NULL and t.heights[ref] != 1 + max(ref_height(t, node.child[0]), ref_height(t, node.child[1])):
-            problem = b"a node height is wrong"
-        if problem == NULL and t.costs[ref] != box_cost(node.box, t.dims == 2):
-            problem = b"a node's cached SAH cost is stale"
-    free(stack)
-    if problem != NULL:
-        return problem
-    if leaves != live:
-        return b"the tree does not hold every live proxy exactly once"
-    if internal != t.node_count:
-        return b"the tree does not use every allocated node"
-    return NULL
-
-
-cdef double core_area_ratio(const TreeCore *t) noexcept nogil:
-    cdef double total = 0.0, root
-    cdef int32_t i
-    cdef bint planar = t.dims == 2
-    if t.root == NULL_REF:
-        return 0.0
-    root = box_cost(ref_box(t, t.root), planar)
-    for i in range(t.node_capacity):
-        if t.heights[i] > 0:
-            total += box_cost(t.nodes[i].box, planar)
-    return total / root if root > 0.0 else 0.0
-
-
-cdef int32_t core_height(const TreeCore *t) noexcept nogil:
-    return ref_height(t, t.root) if t.root != NULL_REF else 0
-
-
-cdef int64_t core_memory(const TreeCore *t) noexcept nogil:
-    return (<int64_t>t.node_capacity * (sizeof(Node) + 2 * sizeof(int32_t) + sizeof(float))
-            + <int64_t>t.proxy_capacity * sizeof(Proxy)
-            + (t.slot_mask + 1) * sizeof(int32_t))
-
-

@@ -20,12 +20,12 @@ from dbvt._split cimport (
     RowsKind, run_rows,
 )
 from dbvt._core cimport (
-    HIT_LIMIT, PREFETCH_AHEAD, PROXY_FLAGS, PROXY_LIVE, PROXY_SEEN, PROXY_SENSOR, Batch, IdPair, Node, PairBuffer, Proxy,
-    TreeCore,
-    cache_costs, core_add, core_area_ratio, core_bulk_insert, core_check, core_find, core_free, core_height,
-    core_init, core_memory, core_move, core_prefetch_find, core_rebuild, core_remove,
-    core_reserve, load_box, rehash,
+    HIT_LIMIT, PREDICTION_STEPS, PREFETCH_AHEAD, PROXY_FLAGS, PROXY_LIVE, PROXY_SEEN, PROXY_SENSOR, Batch, IdPair,
+    Node, PairBuffer, Proxy, Query, TreeCore,
+    cache_costs, core_add, core_bulk_insert, core_find, core_free, core_init, core_move, core_prefetch_find,
+    core_rebuild, core_remove, core_reserve, core_split_sensors, load_box, rehash,
 )
+from dbvt._check cimport core_area_ratio, core_check, core_height, core_memory
 
 cdef extern from *:
     """
@@ -434,7 +434,7 @@ cdef class TreeBase:
         """Raise RuntimeError naming the first broken invariant."""
         cdef const char *problem
         with nogil:
-            problem = core_check(&self.core)
+            problem = core_check(&self.core, True)
         if problem != NULL:
             raise RuntimeError(f"dbvt invariant broken: {problem.decode()}")
 
@@ -520,11 +520,13 @@ cdef class TreeBase:
             slots *= 2
         if rehash(t, slots) != 0:
             raise MemoryError()
-        problem = core_check(t)
+        problem = core_check(t, False)
         if problem != NULL:
             core_free(t)
             core_init(t, dims, margin)
             raise ValueError(f"corrupt dbvt data: {problem.decode()}")
+        if core_split_sensors(t) != 0:
+            raise MemoryError()
         return size + node_bytes + proxy_bytes
 
 
@@ -572,7 +574,7 @@ cdef class Tree(TreeBase):
                 prefetch_move(&self.core, &proxies[0], &order[0], i, n)
                 row = order[i]
                 load_box(&rows[row, 0], self.core.dims, box)
-                moved += core_move(&self.core, proxies[row], box)
+                moved += core_move(&self.core, proxies[row], box, PREDICTION_STEPS)
         self._after_change()
         return moved
 

@@ -184,3 +184,149 @@ def test_sensors_need_pair_tracking_and_a_sane_margin():
     for margin in (-1.0, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="sensor_margin must be a finite number >= 0"):
             dbvt.Broadphase(sensor_margin=margin)
+
+
+@pytest.mark.parametrize("dims", [2, 3])
+@pytest.mark.parametrize("sensor_margin", [0.0, 0.75])
+def test_passing_over_pairs_whose_slack_remains_never_misses_an_event(dims, sensor_margin):
+    """A moving sensor re-tests only the partners whose drift since their last test, with its own, may
+    have reached the distance to their next threshold. Here sensors and many proxies around them take
+    small quarter-unit steps, so that partners come to rest exactly on a threshold (distance = radius,
+    or radius + margin) after several moves of either side, sometimes both in one tick, sometimes
+    after a long wait; and now and then a proxy jumps. After every update the events and the whole
+    set must be the reference's, and validate() checks that every pair a re-test would pass over is
+    already decided as a test would decide it."""
+    rng = np.random.default_rng(1234 + dims)
+    real = dbvt.Broadphase(dims=dims, margin=0.1, sensor_margin=sensor_margin)
+    ref = reference.Broadphase(dims=dims, margin=0.1, sensor_margin=sensor_margin)
+    n, sensors = 120, 4
+    lows = rng.integers(-24, 24, size=(n, dims)) / 4
+    sizes = rng.integers(0, 6, size=(n, dims)) / 4
+    centres = rng.integers(-8, 8, size=(sensors, dims)) / 4
+    radii = np.array([3.0, 4.0, 2.5, 3.5])[:, None]
+    kinds = np.array([2, 2, 1, 1], np.uint8)
+
+    def proxy_boxes():
+        return np.concatenate([lows, lows + sizes], axis=1).astype(np.float32)
+
+    def sensor_boxes():
+        return np.concatenate([centres - radii, centres + radii], axis=1).astype(np.float32)
+
+    sensor_ids = np.arange(1000, 1000 + sensors, dtype=np.uint64)
+    for world in (real, ref):
+        world.create(np.arange(n, dtype=np.uint64), proxy_boxes())
+        world.create(sensor_ids, sensor_boxes(), sensor=kinds)
+    velocity = rng.choice([-0.25, 0.0, 0.25], size=(sensors, dims))
+    for tick in range(150):
+        for got, expected in zip(real.update(), ref.update()):
+            np.testing.assert_array_equal(got, expected)
+        for got, expected in zip(real.sensor_events(), ref.sensor_events()):
+            np.testing.assert_array_equal(got, expected)
+        real.validate()
+        if tick % 40 == 39:
+            real = dbvt.Broadphase.from_bytes(real.to_bytes())
+        movers = rng.choice(n, size=12, replace=False)
+        lows[movers] += rng.choice([-0.25, 0.0, 0.25], size=(12, dims))
+        if tick % 7 == 0:
+            lows[movers[:2]] = rng.integers(-24, 24, size=(2, dims)) / 4
+        if tick % 5 == 0:
+            velocity = rng.choice([-0.25, 0.0, 0.25], size=(sensors, dims))
+        centres += velocity
+        boxes = proxy_boxes()
+        for world in (real, ref):
+            world.move(movers.astype(np.uint64), boxes[movers])
+            world.move(sensor_ids, sensor_boxes())
+    np.testing.assert_array_equal(real.sensor_pairs(), ref.sensor_pairs())
+
+
+def test_sensors_keep_a_subtree_of_their_own_through_every_change():
+    """Sensors' leaves live apart from the rest (validate() checks it): created one by one or in the
+    first bulk insert, moved, destroyed down to none and created again, after rebuild() and a round
+    trip; and the answers stay the reference's throughout."""
+    rng = np.random.default_rng(5)
+    real = dbvt.Broadphase(dims=3, margin=0.1, sensor_margin=0.5)
+    ref = reference.Broadphase(dims=3, margin=0.1, sensor_margin=0.5)
+
+    def boxes(n, size):
+        lows = rng.uniform(-20, 20, size=(n, 3))
+        return np.concatenate([lows, lows + size], axis=1).astype(np.float32)
+
+    def both(method, *args, **kwargs):
+        getattr(real, method)(*args, **kwargs)
+        getattr(ref, method)(*args, **kwargs)
+        real.validate()
+
+    def agree():
+        for got, expected in zip(real.update(), ref.update()):
+            np.testing.assert_array_equal(got, expected)
+        for got, expected in zip(real.sensor_events(), ref.sensor_events()):
+            np.testing.assert_array_equal(got, expected)
+        real.validate()
+        probes = boxes(20, 3.0)
+        for include_sensors in (False, True):
+            assert_same_csr(real.query_aabb(probes, include_sensors=include_sensors),
+                            ref.query_aabb(probes, include_sensors=include_sensors))
+
+    # The first create is a bulk build of sensors and proxies together.
+    both("create", np.arange(40, dtype=np.uint64), boxes(40, 2.0), sensor=np.tile(np.uint8([0, 0, 0, 2]), 10))
+    agree()
+    both("create", np.arange(100, 110, dtype=np.uint64), boxes(10, 8.0), sensor="box")
+    agree()
+    moved = np.r_[0:40:3, 100:110:3].astype(np.uint64)
+    both("move", moved, boxes(len(moved), 4.0))
+    agree()
+    real.rebuild()
+    real.validate()
+    real = dbvt.Broadphase.from_bytes(real.to_bytes())
+    agree()
+    sensors = [3, 7, 11, 15, 19, 23, 27, 31, 35, 39] + list(range(100, 110))
+    both("destroy", np.array(sensors, np.uint64))
+    agree()
+    both("destroy", np.arange(0, 40, 4, dtype=np.uint64))     # every proxy left is a sensor...
+    both("destroy", np.array([i for i in range(40) if i % 4 not in (0, 3)], np.uint64))
+    both("create", np.arange(200, 205, dtype=np.uint64), boxes(5, 6.0), sensor="sphere")
+    agree()
+    both("create", np.arange(300, 305, dtype=np.uint64), boxes(5, 1.0))   # ...and then not only
+    agree()
+    real.rebuild()
+    agree()
+
+
+def test_partner_lists_find_sensors_of_every_size_and_proxies_of_every_size():
+    """Proxies' partner refreshes look sensors up in a grid of cells as wide as a sensor on average:
+    a sensor far larger spans too many cells and is tested by every lookup, and a proxy far larger
+    looks in the sensors' subtree instead. validate() compares every list with a walk of the whole
+    tree, and the events must be the reference's, while sensors come and go."""
+    rng = np.random.default_rng(9)
+    real = dbvt.Broadphase(dims=3, margin=0.2)
+    ref = reference.Broadphase(dims=3, margin=0.2)
+    centres = rng.uniform(-50, 50, size=(60, 3))
+    sides = np.where(np.arange(60)[:, None] < 3, 400.0, rng.uniform(2, 12, size=(60, 1)))   # 3 giant sensors
+    sensors = np.concatenate([centres - sides / 2, centres + sides / 2], axis=1).astype(np.float32)
+    sensor_ids = np.arange(1000, 1060, dtype=np.uint64)
+    lows = rng.uniform(-60, 60, size=(400, 3))
+    sizes = np.where(np.arange(400)[:, None] < 4, 500.0, rng.uniform(0, 2, size=(400, 1)))    # 4 giant proxies
+    proxies = np.concatenate([lows, lows + sizes], axis=1).astype(np.float32)
+    for world in (real, ref):
+        world.create(np.arange(400, dtype=np.uint64), proxies)
+        world.create(sensor_ids, sensors, sensor="sphere")
+    for tick in range(12):
+        for got, expected in zip(real.update(), ref.update()):
+            np.testing.assert_array_equal(got, expected)
+        for got, expected in zip(real.sensor_events(), ref.sensor_events()):
+            np.testing.assert_array_equal(got, expected)
+        real.validate()
+        if tick == 6:
+            new_ids = np.arange(2000, 2005, dtype=np.uint64)
+            new_boxes = sensors[10:15] + np.float32(3)
+            for world in (real, ref):
+                world.destroy(sensor_ids[:10])
+                world.create(new_ids, new_boxes, sensor="box")
+            sensor_ids = np.concatenate([sensor_ids[10:], new_ids])
+            sensors = np.concatenate([sensors[10:], new_boxes])
+        movers = rng.choice(400, size=80, replace=False)
+        proxies[movers] += rng.uniform(-4, 4, size=(80, 1)).astype(np.float32)
+        sensors += np.float32(1.5) * rng.choice([-1, 0, 1], size=(len(sensors), 1)).astype(np.float32)
+        for world in (real, ref):
+            world.move(movers.astype(np.uint64), proxies[movers])
+            world.move(sensor_ids, sensors)

@@ -1,0 +1,176 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False, cdivision=True
+"""The sensors' grid (see _sensors.pxd): which sensors' fat boxes a box overlaps.
+
+Exact as the tree's walk is: a cell is floor(x / cell) on each axis, and division and floor are
+monotone, so two closed boxes that share a point share that point's cell; every candidate is then
+tested on its fat box with the walker's comparisons. Functions returning `int` return 0, or -1 when
+memory ran out.
+"""
+from libc.math cimport floor, isfinite
+from libc.stdint cimport int32_t, int64_t, uint64_t
+from libc.stdlib cimport free, realloc
+from libc.string cimport memcpy, memset
+
+from dbvt._core cimport PROXY_LIVE, PROXY_SENSOR, Hits, TreeCore, hits_push
+
+cdef enum:
+    WIDE_CELLS = 64                 # a box over more cells than this is tested whole, not cell by cell
+
+# Cell coordinates are clamped here, far beyond any box a cell as large as a sensor could tile.
+cdef double FARTHEST_CELL = 1099511627776.0     # 2^40
+
+
+cdef inline bint overlap(const float *a, const float *b) noexcept nogil:
+    """boxes_overlap() without its early exits, which mispredict on a cell's many near misses."""
+    return ((a[0] <= b[3]) & (b[0] <= a[3]) & (a[1] <= b[4]) & (b[1] <= a[4])
+            & (a[2] <= b[5]) & (b[2] <= a[5]))
+
+
+cdef inline int64_t cell_of(double x, double cell) noexcept nogil:
+    x = floor(x / cell)
+    return <int64_t>max(-FARTHEST_CELL, min(FARTHEST_CELL, x))
+
+
+cdef inline int64_t bucket_of(const SensorGrid *g, int64_t x, int64_t y, int64_t z) noexcept nogil:
+    cdef uint64_t h = (<uint64_t>x * <uint64_t>0x9E3779B97F4A7C15ULL) ^ (<uint64_t>y * <uint64_t>0xC2B2AE3D27D4EB4FULL)
+    h ^= <uint64_t>z * <uint64_t>0x165667B19E3779F9ULL
+    h ^= h >> 31
+    return <int64_t>(h & <uint64_t>g.mask)
+
+
+cdef inline bint cells_of(const SensorGrid *g, const float *box, int dims, int64_t *low, int64_t *high) noexcept nogil:
+    """The cells `box` spans, axis by axis; False when they are more than WIDE_CELLS."""
+    cdef int64_t count = 1
+    cdef int i
+    for i in range(3):
+        low[i] = high[i] = 0
+        if i < dims:
+            low[i] = cell_of(box[i], g.cell)
+            high[i] = cell_of(box[i + 3], g.cell)
+            if high[i] - low[i] >= WIDE_CELLS:
+                return False
+            count *= high[i] - low[i] + 1
+    return count <= WIDE_CELLS
+
+
+cdef int grow(void **items, int64_t *capacity, int64_t need, size_t size) noexcept nogil:
+    cdef void *grown
+    if need <= capacity[0]:
+        return 0
+    need = max(need, 2 * capacity[0])
+    grown = realloc(items[0], need * size)
+    if grown == NULL:
+        return -1
+    items[0] = grown
+    capacity[0] = need
+    return 0
+
+
+cdef void grid_init(SensorGrid *g) noexcept nogil:
+    memset(g, 0, sizeof(SensorGrid))
+
+
+cdef void grid_free(SensorGrid *g) noexcept nogil:
+    free(g.starts)
+    free(g.entries)
+    free(g.sensors)
+    grid_init(g)
+
+
+cdef int grid_list_sensors(SensorGrid *g, const TreeCore *t) noexcept nogil:
+    """Find the live sensors (after sensors were created or destroyed): a pass over every proxy."""
+    cdef int32_t p
+    g.sensor_count = 0
+    for p in range(t.proxy_capacity):
+        if (t.proxies[p].flags & (PROXY_LIVE | PROXY_SENSOR)) > PROXY_LIVE:
+            if grow(<void **>&g.sensors, &g.sensor_capacity, g.sensor_count + 1, sizeof(int32_t)) != 0:
+                return -1
+            g.sensors[g.sensor_count] = p
+            g.sensor_count += 1
+    return 0
+
+
+cdef int grid_build(SensorGrid *g, const TreeCore *t) noexcept nogil:
+    """Cut the listed sensors' fat boxes into cells as wide as their average side."""
+    cdef double extent = 0.0
+    cdef int64_t buckets = 16, count = 0, s, b, x, y, z
+    cdef int64_t low[3]
+    cdef int64_t high[3]
+    cdef int32_t sensor, keep
+    cdef const float *fat
+    cdef int i
+    g.cell = 0.0
+    g.wide_count = 0
+    if g.sensor_count == 0:
+        return 0
+    for s in range(g.sensor_count):
+        fat = t.proxies[g.sensors[s]].fat
+        for i in range(t.dims):
+            extent += (<double>fat[i + 3] - <double>fat[i]) / t.dims
+    g.cell = extent / g.sensor_count
+    if not (g.cell > 0.0 and isfinite(g.cell)):
+        g.cell = 1.0
+    # The sensors over too many cells go first in the list (tested by every lookup); count the rest's cells.
+    for s in range(g.sensor_count):
+        sensor = g.sensors[s]
+        if cells_of(g, t.proxies[sensor].fat, t.dims, low, high):
+            count += (high[0] - low[0] + 1) * (high[1] - low[1] + 1) * (high[2] - low[2] + 1)
+        else:
+            keep = g.sensors[g.wide_count]
+            g.sensors[g.wide_count] = sensor
+            g.sensors[s] = keep
+            g.wide_count += 1
+    while buckets < 2 * count:
+        buckets *= 2
+    if (grow(<void **>&g.starts, &g.start_capacity, buckets + 1, sizeof(int32_t)) != 0
+            or grow(<void **>&g.entries, &g.entry_capacity, count, sizeof(GridEntry)) != 0):
+        g.cell = 0.0
+        return -1
+    g.mask = buckets - 1
+    memset(g.starts, 0, (buckets + 1) * sizeof(int32_t))
+    # A counting sort by bucket: count, sum up to each bucket's end, then fill each bucket backwards.
+    for s in range(g.wide_count, g.sensor_count):
+        cells_of(g, t.proxies[g.sensors[s]].fat, t.dims, low, high)
+        for x in range(low[0], high[0] + 1):
+            for y in range(low[1], high[1] + 1):
+                for z in range(low[2], high[2] + 1):
+                    g.starts[bucket_of(g, x, y, z)] += 1
+    for b in range(1, buckets + 1):
+        g.starts[b] += g.starts[b - 1]
+    for s in range(g.wide_count, g.sensor_count):
+        sensor = g.sensors[s]
+        cells_of(g, t.proxies[sensor].fat, t.dims, low, high)
+        for x in range(low[0], high[0] + 1):
+            for y in range(low[1], high[1] + 1):
+                for z in range(low[2], high[2] + 1):
+                    b = bucket_of(g, x, y, z)
+                    g.starts[b] -= 1
+                    memcpy(g.entries[g.starts[b]].fat, t.proxies[sensor].fat, sizeof(g.entries[0].fat))
+                    g.entries[g.starts[b]].sensor = sensor
+    return 0
+
+
+cdef int grid_find(const SensorGrid *g, const TreeCore *t, const float *box, Hits *hits) noexcept nogil:
+    """Append to `hits` every sensor whose fat box overlaps `box` (some perhaps more than once: a
+    sensor is listed in each of its cells). Returns 1, with nothing appended, when `box` spans too
+    many cells: then walk the sensors' subtree instead."""
+    cdef int64_t low[3]
+    cdef int64_t high[3]
+    cdef int64_t x, y, z, b, k
+    cdef int32_t sensor
+    if g.cell == 0.0:
+        return 0
+    if not cells_of(g, box, t.dims, low, high):
+        return 1
+    for x in range(low[0], high[0] + 1):
+        for y in range(low[1], high[1] + 1):
+            for z in range(low[2], high[2] + 1):
+                b = bucket_of(g, x, y, z)
+                for k in range(g.starts[b], g.starts[b + 1]):
+                    if overlap(box, g.entries[k].fat) and hits_push(hits, g.entries[k].sensor, 0.0) != 0:
+                        return -1
+    for k in range(g.wide_count):
+        sensor = g.sensors[k]
+        if overlap(box, t.proxies[sensor].fat) and hits_push(hits, sensor, 0.0) != 0:
+            return -1
+    return 0
