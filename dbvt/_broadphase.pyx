@@ -280,6 +280,9 @@ cdef class Broadphase(TreeBase):
 
     With `track_pairs=False` nothing is tracked: moves cost only the tree's work, `update()` reports
     no changes and `pairs()` is computed on demand. For worlds that are only ever queried.
+
+    With `threads` > 1, a batch of queries of at least 64 rows a thread is cut over that many threads,
+    with the same answer. It is a runtime setting: `to_bytes()` does not keep it, `from_bytes()` takes it.
     """
     cdef uint32_t *groups           # per proxy slot; all three arrays follow core.proxy_capacity
     cdef uint32_t *masks
@@ -332,11 +335,12 @@ cdef class Broadphase(TreeBase):
         self.listed_limit = -1
         self.sensor_margin = 0.0
 
-    def __init__(self, int dims=3, margin=0.05, track_pairs=True, sensor_margin=0.0):
+    def __init__(self, int dims=3, margin=0.05, track_pairs=True, sensor_margin=0.0, *, threads=1):
         self.core.dims = validation.check_dims(dims)
         self.core.margin = validation.check_margin(margin)
         self.track_pairs = bool(track_pairs)
         self.sensor_margin = validation.check_sensor_margin(sensor_margin)
+        self.threads = validation.check_threads(threads)
 
     def __dealloc__(self):
         cdef int32_t i
@@ -1240,8 +1244,8 @@ cdef class Broadphase(TreeBase):
                          moved.data, ended.data, _pair_copy(&self.leaving).data])
 
     @classmethod
-    def from_bytes(cls, data):
-        cdef Broadphase bp = cls()
+    def from_bytes(cls, data, *, threads=1):
+        cdef Broadphase bp = cls(threads=threads)
         view = memoryview(data).cast("B")
         at = bp._load_tree(view)
         if len(view) < at + _STATE.size:

@@ -171,10 +171,6 @@ cdef class TreeBase:
     def margin(self):
         return self.core.margin
 
-    def _use_threads(self, threads):
-        """For the constructors and from_bytes(): `threads` stays read-only once they have set it."""
-        self.threads = validation.check_threads(threads)
-
     cdef void _after_change(self):
         if DBVT_DEBUG_CHECKS:
             self.validate()

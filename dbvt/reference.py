@@ -524,8 +524,9 @@ class Tree(_Structure):
 
     _kind = "Tree"
 
-    def __init__(self, dims: int = 3, margin: float = 0.0):
+    def __init__(self, dims: int = 3, margin: float = 0.0, *, threads: int = 1):
         super().__init__(dims, margin)
+        self.threads = v.check_threads(threads)     # taken as dbvt.Tree takes it; brute force uses one
 
     def insert(self, ids, boxes) -> None:
         ids = v.as_ids(ids)
@@ -569,9 +570,10 @@ class Tree(_Structure):
         return self._dump()
 
     @classmethod
-    def from_bytes(cls, data) -> "Tree":
+    def from_bytes(cls, data, *, threads: int = 1) -> "Tree":
         made = cls._restore(data, ())[0]
         made.validate()
+        made.threads = v.check_threads(threads)
         return made
 
 
@@ -582,9 +584,11 @@ class Broadphase(_Structure):
 
     _kind = "Broadphase"
 
-    def __init__(self, dims: int = 3, margin: float = 0.05, track_pairs: bool = True, sensor_margin: float = 0.0):
+    def __init__(self, dims: int = 3, margin: float = 0.05, track_pairs: bool = True, sensor_margin: float = 0.0,
+                 *, threads: int = 1):
         super().__init__(dims, margin, static=np.zeros(0, np.uint8), group=np.zeros(0, np.uint32),
                          mask=np.zeros(0, np.uint32), sensor=np.zeros(0, np.uint8))
+        self.threads = v.check_threads(threads)     # taken as dbvt.Broadphase takes it; brute force uses one
         self._track_pairs = bool(track_pairs)
         self._reported = np.zeros((0, 2), np.uint64)
         self.sensor_margin = v.check_sensor_margin(sensor_margin)
@@ -731,9 +735,10 @@ class Broadphase(_Structure):
                           leaving=_sorted_pairs(self._leaving))
 
     @classmethod
-    def from_bytes(cls, data) -> "Broadphase":
+    def from_bytes(cls, data, *, threads: int = 1) -> "Broadphase":
         made, arrays = cls._restore(data, ("static", "group", "mask", "sensor", "reported", "track_pairs",
                                            "sensor_margin", "inside", "leaving"))
+        made.threads = v.check_threads(threads)
         made._reported = np.asarray(arrays["reported"], np.uint64).reshape(-1, 2)
         made._track_pairs = bool(arrays["track_pairs"])
         made.sensor_margin = v.check_sensor_margin(float(arrays["sensor_margin"]))

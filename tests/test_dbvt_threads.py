@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import dbvt
+from dbvt import reference
 from dbvt_client import Client
 from servers import ServerProcess, ServerThread
 from worlds import W1World, assert_same_csr
@@ -311,3 +312,11 @@ def test_every_world_of_a_server_gets_its_threads(tmp_path):
         assert threads_of(server) == {"created": 2, "imported": 2}
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("kind", ["Tree", "Broadphase"])
+def test_the_reference_takes_threads_as_the_core_does(kind):
+    made = getattr(reference, kind)(threads=3)
+    assert made.threads == 3 and getattr(reference, kind).from_bytes(made.to_bytes(), threads=2).threads == 2
+    with pytest.raises(ValueError, match="threads"):
+        getattr(reference, kind)(threads=0)
