@@ -6,6 +6,7 @@
 # touches Python objects.
 from libc.float cimport FLT_MAX
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
+from libc.string cimport memcpy
 
 cdef extern from *:
     """
@@ -150,9 +151,9 @@ cdef void core_prefetch_move(const TreeCore *t, int32_t proxy, bint parent) noex
 cdef int32_t core_add(TreeCore *t, uint64_t id, const float *tight) noexcept nogil
 cdef void core_remove(TreeCore *t, int32_t proxy) noexcept nogil
 cdef bint core_move(TreeCore *t, int32_t proxy, const float *tight, float prediction) noexcept nogil
-cdef int core_rebuild(TreeCore *t) noexcept nogil
-cdef int core_bulk_insert(TreeCore *t, const uint64_t *ids, const float *rows, int64_t n,
-                          int32_t *row_proxies) noexcept nogil
+cdef void slot_insert(TreeCore *t, int32_t proxy) noexcept nogil
+cdef int grow_nodes(TreeCore *t, int64_t capacity) noexcept nogil
+cdef void insert_leaf(TreeCore *t, int32_t proxy, int32_t start) noexcept nogil
 cdef void core_set_sensor(TreeCore *t, int32_t proxy, uint32_t flag) noexcept nogil
 cdef int core_split_sensors(TreeCore *t) noexcept nogil
 cdef void load_box(const float *row, int32_t dims, float *out) noexcept nogil
@@ -255,3 +256,41 @@ cdef inline float *ref_box(const TreeCore *t, int32_t ref) noexcept nogil:
 
 cdef inline int32_t ref_height(const TreeCore *t, int32_t ref) noexcept nogil:
     return t.heights[ref] if ref >= 0 else 0
+
+
+# Shared with the bulk build (dbvt._build): the fat box of a tight one, the parent link of a
+# reference, and the id table's hash.
+
+cdef inline float clamp_finite(float x) noexcept nogil:
+    """Bounds stay finite (a huge margin could round them to infinity, and centres to NaN)."""
+    if x > FLT_MAX:
+        return FLT_MAX
+    if x < -FLT_MAX:
+        return -FLT_MAX
+    return x
+
+
+cdef inline void fatten(const TreeCore *t, const float *tight, float *fat) noexcept nogil:
+    cdef int i
+    cdef int axes = t.dims
+    memcpy(fat, tight, 6 * sizeof(float))
+    for i in range(axes):
+        fat[i] = clamp_finite(tight[i] - t.margin)
+        fat[i + 3] = clamp_finite(tight[i + 3] + t.margin)
+
+
+cdef inline void set_parent(TreeCore *t, int32_t ref, int32_t parent) noexcept nogil:
+    if ref >= 0:
+        t.parents[ref] = parent
+    else:
+        t.proxies[~ref].parent = parent
+
+
+cdef inline uint64_t mix64(uint64_t x) noexcept nogil:
+    """splitmix64's finaliser: user ids are often sequential, and linear probing needs them spread."""
+    x ^= x >> 30
+    x *= <uint64_t>0xbf58476d1ce4e5b9ULL
+    x ^= x >> 27
+    x *= <uint64_t>0x94d049bb133111ebULL
+    x ^= x >> 31
+    return x

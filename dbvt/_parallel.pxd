@@ -6,3 +6,22 @@ ctypedef void (*PartTask)(void *context, int part) noexcept nogil
 
 
 cdef void run_parts(PartTask task, void *context, int parts) noexcept nogil
+
+
+# A counter threads take work from in turn (C11 atomics, relaxed: it hands out indices, nothing more).
+cdef extern from *:
+    """
+    #include <stdatomic.h>
+    typedef atomic_int dbvt_counter;
+    static inline int dbvt_counter_take(dbvt_counter *c) {
+        return atomic_fetch_add_explicit(c, 1, memory_order_relaxed);
+    }
+    static inline int dbvt_counter_get(dbvt_counter *c) { return atomic_load_explicit(c, memory_order_relaxed); }
+    static inline void dbvt_counter_set(dbvt_counter *c, int value) {
+        atomic_store_explicit(c, value, memory_order_relaxed);
+    }
+    """
+    ctypedef int dbvt_counter
+    int counter_take "dbvt_counter_take"(dbvt_counter *c) noexcept nogil
+    int counter_get "dbvt_counter_get"(dbvt_counter *c) noexcept nogil
+    void counter_set "dbvt_counter_set"(dbvt_counter *c, int value) noexcept nogil

@@ -20,7 +20,7 @@ from libc.string cimport memcpy
 
 from dbvt._batch cimport batch_free, batch_reserve, run_boxes, run_frusta, run_segments, run_spheres
 from dbvt._core cimport HIT_LIMIT, Batch, Query, TreeCore
-from dbvt._parallel cimport run_parts
+from dbvt._parallel cimport counter_get, counter_set, counter_take, dbvt_counter, run_parts
 from dbvt._queries cimport run_ball_casts, run_box_casts, run_nearest
 
 
@@ -51,22 +51,6 @@ cdef int run_range(const TreeCore *t, const Rows *r, int64_t start, int64_t end,
                           r.mask, r.groups, r.skip, offsets, b)
 
 
-cdef extern from *:
-    """
-    #include <stdatomic.h>
-    typedef atomic_int dbvt_counter;
-    static inline int dbvt_counter_take(dbvt_counter *c) {
-        return atomic_fetch_add_explicit(c, 1, memory_order_relaxed);
-    }
-    static inline int dbvt_counter_get(dbvt_counter *c) { return atomic_load_explicit(c, memory_order_relaxed); }
-    static inline void dbvt_counter_set(dbvt_counter *c, int value) {
-        atomic_store_explicit(c, value, memory_order_relaxed);
-    }
-    """
-    ctypedef int dbvt_counter
-    int counter_take "dbvt_counter_take"(dbvt_counter *c) noexcept nogil
-    int counter_get "dbvt_counter_get"(dbvt_counter *c) noexcept nogil
-    void counter_set "dbvt_counter_set"(dbvt_counter *c, int value) noexcept nogil
 
 
 ctypedef struct Chunk:              # a run of rows, and where its output went

@@ -22,9 +22,10 @@ from dbvt._split cimport (
 from dbvt._core cimport (
     HIT_LIMIT, PREDICTION_STEPS, PREFETCH_AHEAD, PROXY_FLAGS, PROXY_LIVE, PROXY_SEEN, PROXY_SENSOR, Batch, IdPair,
     Node, PairBuffer, Proxy, Query, TreeCore,
-    cache_costs, core_add, core_bulk_insert, core_find, core_free, core_init, core_move, core_prefetch_find,
-    core_rebuild, core_remove, core_reserve, core_split_sensors, load_box, rehash,
+    cache_costs, core_add, core_find, core_free, core_init, core_move, core_prefetch_find,
+    core_remove, core_reserve, core_split_sensors, load_box, rehash,
 )
+from dbvt._build cimport core_bulk_insert, core_rebuild
 from dbvt._check cimport core_area_ratio, core_check, core_height, core_memory
 
 cdef extern from *:
@@ -258,7 +259,7 @@ cdef class TreeBase:
             raise MemoryError()
         if bulk:
             with nogil:
-                status = core_bulk_insert(&self.core, &id_view[0], &rows[0, 0], n, &out[0])
+                status = core_bulk_insert(&self.core, &id_view[0], &rows[0, 0], n, &out[0], self.threads)
             if status != 0:
                 raise MemoryError()
             return proxies
@@ -421,7 +422,7 @@ cdef class TreeBase:
         """Rebuild the whole tree top down with the binned surface-area heuristic."""
         cdef int status
         with nogil:
-            status = core_rebuild(&self.core)
+            status = core_rebuild(&self.core, self.threads)
         if status != 0:
             raise MemoryError()
         self._after_change()

@@ -320,3 +320,24 @@ def test_the_reference_takes_threads_as_the_core_does(kind):
     assert made.threads == 3 and getattr(reference, kind).from_bytes(made.to_bytes(), threads=2).threads == 2
     with pytest.raises(ValueError, match="threads"):
         getattr(reference, kind)(threads=0)
+
+
+@pytest.mark.parametrize("layout", ["w1", "one spot", "a line"])
+@pytest.mark.parametrize("make", [dbvt.Tree, dbvt.Broadphase])
+def test_a_bulk_build_and_a_rebuild_on_threads_make_the_same_tree(make, layout):
+    n = 20_000                                   # past the size from which a build splits over threads
+    world = W1World(n, 3, seed=11)
+    boxes = world.boxes.astype(np.float32)
+    if layout == "one spot":
+        boxes[:] = boxes[0]
+    elif layout == "a line":
+        boxes[:, [1, 2, 4, 5]] = boxes[0, [1, 2, 4, 5]]
+    built = {}
+    for threads in (1, 2, 3):
+        structure = make(threads=threads)
+        structure.insert(world.ids, boxes) if make is dbvt.Tree else structure.create(world.ids, boxes)
+        structure.validate()
+        first = structure.to_bytes()
+        structure.rebuild()
+        built[threads] = (first, structure.to_bytes())
+    assert built[2] == built[1] and built[3] == built[1]
