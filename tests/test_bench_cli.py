@@ -133,7 +133,8 @@ def test_insert_compares_two_sizes_and_checks_the_trees(capsys):
     code, out, _ = run_main(capsys, ["insert", "--n", "300", "--large", "900", "--repeat", "2"])
     assert code == 0
     for line in ("N=      300: one at a time  median", "N=      900: bulk build     median",
-                 "one at a time at 900 / at 300: ", "trees checked, and one at a time finds the bulk build's pairs: OK"):
+                 "one at a time at 900 / at 300: ", "bulk build of 900, wall time: 1 thread ",
+                 "trees checked, one at a time finds the bulk build's pairs, and the threads build the same tree: OK"):
         assert line in out
 
 
