@@ -228,28 +228,68 @@ cdef inline uint32_t spread_bits(uint32_t x) noexcept nogil:
     return x
 
 
+ctypedef struct Spread:             # one loop of a build, cut into a range a thread
+    TreeCore *t
+    const BuildItem *items
+    BuildItem *out
+    const uint64_t *order
+    const Cluster *clusters
+    const uint64_t *ids
+    const float *rows
+    const int32_t *proxy_rows
+    int32_t *row_proxies
+    uint64_t *keys
+    const Bounds *bounds
+    double scale
+    void (*body)(const Spread *s, int64_t start, int64_t end) noexcept nogil
+    int64_t n
+    int parts
+
+
+cdef void spread_part(void *context, int part) noexcept nogil:
+    cdef const Spread *s = <Spread *>context
+    s.body(s, s.n * part // s.parts, s.n * (part + 1) // s.parts)
+
+
+cdef void spread(Spread *s, void (*body)(const Spread *s, int64_t start, int64_t end) noexcept nogil,
+                 int64_t n, int threads) noexcept nogil:
+    """body over 0..n-1, in equal ranges on `threads` threads (one below PARALLEL_BUILD_FROM items)."""
+    s.body, s.n = body, n
+    s.parts = threads if n >= PARALLEL_BUILD_FROM else 1
+    run_parts(spread_part, s, s.parts)
+
+
+cdef void morton_keys(const Spread *s, int64_t start, int64_t end) noexcept nogil:
+    """(code << 32 | index) of items start..end-1."""
+    cdef double x
+    cdef int64_t i
+    cdef uint32_t q[3]
+    cdef int k
+    for i in range(start, end):
+        for k in range(3):
+            x = (<double>s.items[i].center[k] - s.bounds.cmin[k]) * s.scale
+            q[k] = <uint32_t>x if x < MORTON_CELLS - 1 else MORTON_CELLS - 1
+        s.keys[i] = (<uint64_t>(spread_bits(q[0]) << 2 | spread_bits(q[1]) << 1 | spread_bits(q[2])) << 32
+                     | <uint64_t>i)
+
+
 cdef uint64_t *morton_sort(const BuildItem *items, int64_t n, const Bounds *all, uint64_t *keys,
-                           uint64_t *scratch) noexcept nogil:
+                           uint64_t *scratch, int threads) noexcept nogil:
     """Item indices sorted by the Morton code of their centres: (code << 32 | index) keys, in
     whichever of the two buffers the radix passes ended in. The cells are cubes (one scale for every
     axis), so a long, flat world is cut along its long side first."""
     cdef int64_t counts[MORTON_CELLS]
-    cdef double extent = 0.0, scale = 0.0, x
+    cdef double extent = 0.0
     cdef int64_t i, total, c
-    cdef uint32_t q[3]
     cdef int k, pass_, shift, d
     cdef uint64_t *swap
+    cdef Spread loop
     for k in range(3):
         extent = max(extent, <double>all.cmax[k] - all.cmin[k])
-    if extent > 0.0:
-        scale = MORTON_CELLS / extent
-    # Stage 1: the keys.
-    for i in range(n):
-        for k in range(3):
-            x = (<double>items[i].center[k] - all.cmin[k]) * scale
-            q[k] = <uint32_t>x if x < MORTON_CELLS - 1 else MORTON_CELLS - 1
-        keys[i] = (<uint64_t>(spread_bits(q[0]) << 2 | spread_bits(q[1]) << 1 | spread_bits(q[2])) << 32
-                   | <uint64_t>i)
+    # Stage 1: the keys, on the threads.
+    loop.items, loop.keys, loop.bounds = items, keys, all
+    loop.scale = MORTON_CELLS / extent if extent > 0.0 else 0.0
+    spread(&loop, morton_keys, n, threads)
     # Stage 2: least significant digit first, one Morton cell's worth of bits per pass.
     for pass_ in range(3):
         shift = 32 + pass_ * MORTON_BITS
@@ -343,6 +383,8 @@ ctypedef struct Build:              # what the threads of one build share; each 
     BuildTask *stacks               # subtree i's stack starts at i + its first_leaf: room for its leaves
     Subtree subtrees[MAX_SUBTREES]
     int count
+    int32_t split_nodes[MAX_SUBTREES]   # the nodes the splits into subtrees made, in the order made
+    int split_count
     bint new_leaves
     int32_t *proxy_refs
     dbvt_counter next
@@ -433,6 +475,8 @@ cdef void split_subtrees(Build *b, int wanted) noexcept nogil:
         if largest < 0:
             return
         s = &b.subtrees[largest]
+        b.split_nodes[b.split_count] = s.first_node
+        b.split_count += 1
         items = <BuildItem *>b.leaves if s.task.in_cluster else b.tops
         memcpy(b.t.nodes[s.first_node].box, s.task.bounds.box, 6 * sizeof(float))
         set_parent(b.t, s.first_node, s.task.parent)
@@ -459,11 +503,24 @@ cdef void split_subtrees(Build *b, int wanted) noexcept nogil:
         b.count += 1
 
 
+cdef inline void node_measures(TreeCore *t, int32_t node) noexcept nogil:
+    """A node's height and SAH cost, from its children's (which must have theirs)."""
+    t.heights[node] = 1 + max(ref_height(t, t.nodes[node].child[0]), ref_height(t, t.nodes[node].child[1]))
+    t.costs[node] = box_cost(t.nodes[node].box, t.dims == 2)
+
+
 cdef void build_part(void *context, int part) noexcept nogil:
+    """Subtrees, taken in turn, each built then measured: its nodes, numbered after their parents,
+    are measured last first."""
     cdef Build *b = <Build *>context
     cdef int i = counter_take(&b.next)
+    cdef int32_t node
     while i < b.count:
         build_subtree(b, &b.subtrees[i], b.stacks + i + b.subtrees[i].first_leaf)
+        node = b.subtrees[i].first_node + <int32_t>b.subtrees[i].leaves - 2
+        while node >= b.subtrees[i].first_node:
+            node_measures(b.t, node)
+            node -= 1
         i = counter_take(&b.next)
 
 
@@ -484,10 +541,9 @@ cdef void build_tree(TreeCore *t, BuildItem *tops, const BuildItem *leaves, cons
     threads then take in turn; every node and proxy gets the number the depth-first build gives it
     alone, so the tree is the same whatever the threads."""
     cdef Build b
-    cdef bint planar = t.dims == 2
     cdef int64_t i
     b.t, b.tops, b.leaves, b.clusters, b.stacks = t, tops, leaves, clusters, stacks
-    b.new_leaves, b.proxy_refs, b.count = new_leaves, proxy_refs, 1
+    b.new_leaves, b.proxy_refs, b.count, b.split_count = new_leaves, proxy_refs, 1, 0
     b.subtrees[0].task.start = 0
     b.subtrees[0].task.count = k
     b.subtrees[0].task.parent = NULL_REF
@@ -504,42 +560,13 @@ cdef void build_tree(TreeCore *t, BuildItem *tops, const BuildItem *leaves, cons
     run_parts(build_part, &b, min(threads, b.count))
     t.node_count = <int32_t>(n - 1)
 
-    # Stage 2: heights, children before parents (they were numbered after them), and the unused
-    # rest of the pool on the free list, lowest first.
-    i = t.node_count - 1
+    # Stage 2: the nodes of the splits measured, children before parents (they were made after
+    # them), and the unused rest of the pool on the free list, lowest first.
+    i = b.split_count - 1
     while i >= 0:
-        t.heights[i] = 1 + max(ref_height(t, t.nodes[i].child[0]), ref_height(t, t.nodes[i].child[1]))
-        t.costs[i] = box_cost(t.nodes[i].box, planar)
+        node_measures(t, b.split_nodes[i])
         i -= 1
     free_nodes_from(t, t.node_count)
-
-
-ctypedef struct Spread:             # one loop of a build, cut into a range a thread
-    TreeCore *t
-    const BuildItem *items
-    BuildItem *out
-    const uint64_t *order
-    const Cluster *clusters
-    const uint64_t *ids
-    const float *rows
-    const int32_t *proxy_rows
-    int32_t *row_proxies
-    void (*body)(const Spread *s, int64_t start, int64_t end) noexcept nogil
-    int64_t n
-    int parts
-
-
-cdef void spread_part(void *context, int part) noexcept nogil:
-    cdef const Spread *s = <Spread *>context
-    s.body(s, s.n * part // s.parts, s.n * (part + 1) // s.parts)
-
-
-cdef void spread(Spread *s, void (*body)(const Spread *s, int64_t start, int64_t end) noexcept nogil,
-                 int64_t n, int threads) noexcept nogil:
-    """body over 0..n-1, in equal ranges on `threads` threads (one below PARALLEL_BUILD_FROM items)."""
-    s.body, s.n = body, n
-    s.parts = threads if n >= PARALLEL_BUILD_FROM else 1
-    run_parts(spread_part, s, s.parts)
 
 
 cdef void fattened_items(const Spread *s, int64_t start, int64_t end) noexcept nogil:
@@ -610,7 +637,7 @@ cdef int build_from_items(TreeCore *t, const BuildItem *items, int64_t n, const 
         status = 0
         # Stage 1: the leaves in Morton order, cut into clusters.
         bound_range(items, 0, n, &all)
-        order = morton_sort(items, n, &all, keys, scratch)
+        order = morton_sort(items, n, &all, keys, scratch, threads)
         loop.items, loop.order, loop.out = items, order, leaves
         spread(&loop, gathered_leaves, n, threads)
         k = form_clusters(order, n, clusters)
