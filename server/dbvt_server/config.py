@@ -169,8 +169,9 @@ SETTINGS = [
     Setting("workers", "DBVT_WORKERS", int, "threads running world operations (different worlds run in parallel)",
             _positive, "must be positive", stated_default="the number of cores, at least 2"),
     Setting("threads_per_world", "DBVT_THREADS_PER_WORLD", int,
-            "threads one world's query call may use: a call of at least 64 queries a thread is cut over them, "
-            "with the same answer; a busy server runs up to --workers times this many threads",
+            "threads one world's query call, or its bulk build (the first batch into an empty world), may use: "
+            "a call of at least 64 queries a thread, or a build of 4,096 proxies, is cut over them, with the same "
+            "answer; a busy server runs up to --workers times this many threads",
             lambda threads: 1 <= threads <= MAX_THREADS, f"must be between 1 and {MAX_THREADS}"),
     Setting("tls_cert", "DBVT_TLS_CERT", str, "PEM certificate chain: with --tls-key, the server speaks only TLS",
             stated_default="none, plaintext"),
