@@ -125,16 +125,22 @@ cdef inline bint tight_overlap(const TreeCore *t, int32_t a, int32_t b) noexcept
     return boxes_overlap(t.proxies[a].tight, t.proxies[b].tight)
 
 
-cdef inline int32_t *partners_find(const Partners *p, int32_t other) noexcept nogil:
-    """The entry for `other` (binary search), or NULL."""
-    cdef int32_t *items = items_of(p)
-    cdef int32_t lo = 0, hi = p.count, mid
+cdef inline int32_t partners_place(const int32_t *items, int32_t count, int32_t other) noexcept nogil:
+    """Where `other`'s entry is or would go in a sorted list (binary search)."""
+    cdef int32_t lo = 0, hi = count, mid
     while lo < hi:
         mid = (lo + hi) >> 1
         if (items[mid] >> 1) < other:
             lo = mid + 1
         else:
             hi = mid
+    return lo
+
+
+cdef inline int32_t *partners_find(const Partners *p, int32_t other) noexcept nogil:
+    """The entry for `other`, or NULL."""
+    cdef int32_t *items = items_of(p)
+    cdef int32_t lo = partners_place(items, p.count, other)
     if lo < p.count and (items[lo] >> 1) == other:
         return &items[lo]
     return NULL
@@ -196,12 +202,17 @@ cdef int partners_insert(Partners *p, int32_t other, bint sensor) noexcept nogil
         return -1
     items = items_of(p)
     budgets = budgets_of(p) if sensor else NULL
-    i = p.count
-    while i > 0 and (items[i - 1] >> 1) > other:
-        items[i] = items[i - 1]
-        if budgets != NULL:
-            budgets[i] = budgets[i - 1]
-        i -= 1
+    if budgets != NULL:
+        # A sensor's list is long (every proxy within its reach): the entries after the new one, and
+        # their budgets, move in two blocks rather than one by one.
+        i = partners_place(items, p.count, other)
+        memmove(items + i + 1, items + i, (p.count - i) * sizeof(int32_t))
+        memmove(budgets + i + 1, budgets + i, (p.count - i) * sizeof(double))
+    else:
+        i = p.count
+        while i > 0 and (items[i - 1] >> 1) > other:
+            items[i] = items[i - 1]
+            i -= 1
     items[i] = other << 1
     if budgets != NULL:
         budgets[i] = -INFINITY
@@ -218,10 +229,13 @@ cdef void partners_erase(Partners *p, int32_t other, bint sensor) noexcept nogil
         return
     i = <int32_t>(entry - items)
     p.count -= 1
+    if budgets != NULL:
+        # As in partners_insert: a sensor's list moves its tail in two blocks.
+        memmove(items + i, items + i + 1, (p.count - i) * sizeof(int32_t))
+        memmove(budgets + i, budgets + i + 1, (p.count - i) * sizeof(double))
+        return
     while i < p.count:
         items[i] = items[i + 1]
-        if budgets != NULL:
-            budgets[i] = budgets[i + 1]
         i += 1
 
 
