@@ -38,20 +38,32 @@ cdef void sort_items(Sortable *items, int64_t n) noexcept nogil:
     """Sorted in place. What the broadphase sorts is often sorted already, or a few items followed by a
     sorted run (the pairs an update ends while refreshing partner lists, then those its re-tests
     find, in proxy order): those take a scan and a merge instead of a sort."""
-    cdef int64_t start = n - 1
-    cdef Sortable *prefix
+    cdef int64_t start = n - 1, end = 1
+    cdef Sortable *part
     while start > 0 and not before(&items[start], &items[start - 1]):
         start -= 1
     if start <= 0:
         return
     # Below MERGE_FROM items, insertion sort does as well on such input, with no allocation.
     if n >= MERGE_FROM and start <= n // 4:
-        prefix = <Sortable *>malloc(start * sizeof(Sortable))
-        if prefix != NULL:
+        part = <Sortable *>malloc(start * sizeof(Sortable))
+        if part != NULL:
             quicksort_items(items, start)
-            memcpy(prefix, items, start * sizeof(Sortable))
-            merge_front(items, prefix, start, n)
-            free(prefix)
+            memcpy(part, items, start * sizeof(Sortable))
+            merge_front(items, part, start, n)
+            free(part)
+            return
+    # Or a sorted run followed by a few items (the sensor events a sensor's pass finds, sensor by
+    # sensor, then those its moved partners find).
+    while end < n and not before(&items[end], &items[end - 1]):
+        end += 1
+    if n >= MERGE_FROM and n - end <= n // 4:
+        part = <Sortable *>malloc((n - end) * sizeof(Sortable))
+        if part != NULL:
+            quicksort_items(items + end, n - end)
+            memcpy(part, items + end, (n - end) * sizeof(Sortable))
+            merge_back(items, part, end, n)
+            free(part)
             return
     quicksort_items(items, n)
 
@@ -69,6 +81,20 @@ cdef void merge_front(Sortable *items, const Sortable *prefix, int64_t count, in
             items[out] = prefix[i]
             i += 1
         out += 1
+
+
+cdef void merge_back(Sortable *items, const Sortable *suffix, int64_t count, int64_t n) noexcept nogil:
+    """items[0:count] (sorted) merged with `suffix` (sorted, the items that stood after it) into
+    items[0:n], from the back: writing never overtakes the unread run, as in merge_front."""
+    cdef int64_t i = n - count - 1, j = count - 1, out = n - 1
+    while i >= 0:
+        if j >= 0 and before(&suffix[i], &items[j]):
+            items[out] = items[j]
+            j -= 1
+        else:
+            items[out] = suffix[i]
+            i -= 1
+        out -= 1
 
 
 cdef void quicksort_items(Sortable *items, int64_t n) noexcept nogil:

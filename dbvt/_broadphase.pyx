@@ -125,16 +125,22 @@ cdef inline bint tight_overlap(const TreeCore *t, int32_t a, int32_t b) noexcept
     return boxes_overlap(t.proxies[a].tight, t.proxies[b].tight)
 
 
-cdef inline int32_t *partners_find(const Partners *p, int32_t other) noexcept nogil:
-    """The entry for `other` (binary search), or NULL."""
-    cdef int32_t *items = items_of(p)
-    cdef int32_t lo = 0, hi = p.count, mid
+cdef inline int32_t partners_place(const int32_t *items, int32_t count, int32_t other) noexcept nogil:
+    """Where `other`'s entry is or would go in a sorted list (binary search)."""
+    cdef int32_t lo = 0, hi = count, mid
     while lo < hi:
         mid = (lo + hi) >> 1
         if (items[mid] >> 1) < other:
             lo = mid + 1
         else:
             hi = mid
+    return lo
+
+
+cdef inline int32_t *partners_find(const Partners *p, int32_t other) noexcept nogil:
+    """The entry for `other`, or NULL."""
+    cdef int32_t *items = items_of(p)
+    cdef int32_t lo = partners_place(items, p.count, other)
     if lo < p.count and (items[lo] >> 1) == other:
         return &items[lo]
     return NULL
@@ -196,12 +202,17 @@ cdef int partners_insert(Partners *p, int32_t other, bint sensor) noexcept nogil
         return -1
     items = items_of(p)
     budgets = budgets_of(p) if sensor else NULL
-    i = p.count
-    while i > 0 and (items[i - 1] >> 1) > other:
-        items[i] = items[i - 1]
-        if budgets != NULL:
-            budgets[i] = budgets[i - 1]
-        i -= 1
+    if budgets != NULL:
+        # A sensor's list is long (every proxy within its reach): the entries after the new one, and
+        # their budgets, move in two blocks rather than one by one.
+        i = partners_place(items, p.count, other)
+        memmove(items + i + 1, items + i, (p.count - i) * sizeof(int32_t))
+        memmove(budgets + i + 1, budgets + i, (p.count - i) * sizeof(double))
+    else:
+        i = p.count
+        while i > 0 and (items[i - 1] >> 1) > other:
+            items[i] = items[i - 1]
+            i -= 1
     items[i] = other << 1
     if budgets != NULL:
         budgets[i] = -INFINITY
@@ -218,10 +229,13 @@ cdef void partners_erase(Partners *p, int32_t other, bint sensor) noexcept nogil
         return
     i = <int32_t>(entry - items)
     p.count -= 1
+    if budgets != NULL:
+        # As in partners_insert: a sensor's list moves its tail in two blocks.
+        memmove(items + i, items + i + 1, (p.count - i) * sizeof(int32_t))
+        memmove(budgets + i, budgets + i + 1, (p.count - i) * sizeof(double))
+        return
     while i < p.count:
         items[i] = items[i + 1]
-        if budgets != NULL:
-            budgets[i] = budgets[i + 1]
         i += 1
 
 
@@ -309,6 +323,7 @@ cdef class Broadphase(TreeBase):
     cdef int32_t *flips             # scratch of update(): [proxy, sensor] whose bit flips on the proxy's side
     cdef int64_t flip_count
     cdef int64_t flip_capacity
+    cdef PairBuffer by_id           # scratch of update(): [id, proxy] of the moved sensors, sorted by id
     cdef SensorGrid grid            # for proxies' partner refreshes, the sensors' fat boxes cut into cells
     cdef bint grid_stale            # a sensor's fat box changed since the grid was built
     cdef bint sensors_stale         # and sensors were created or destroyed
@@ -331,6 +346,7 @@ cdef class Broadphase(TreeBase):
         memset(&self.leaving, 0, sizeof(PairBuffer))
         memset(&self.entered, 0, sizeof(PairBuffer))
         memset(&self.left, 0, sizeof(PairBuffer))
+        memset(&self.by_id, 0, sizeof(PairBuffer))
         self.touching = self.listed = self.inside = self.sensor_count = 0
         self.listed_limit = -1
         self.sensor_margin = 0.0
@@ -360,6 +376,7 @@ cdef class Broadphase(TreeBase):
         pairs_free(&self.leaving)
         pairs_free(&self.entered)
         pairs_free(&self.left)
+        pairs_free(&self.by_id)
 
     def __repr__(self):
         tracking = "" if self.track_pairs else ", track_pairs=False"
@@ -758,11 +775,18 @@ cdef class Broadphase(TreeBase):
         hits_free(&hits)
         # The moved sensors first, their flips on their partners' side gathered, then made with the
         # lists fetched ahead (even after a failure, so that both sides agree); then the other moved
-        # proxies, which see the flipped bits.
+        # proxies, which see the flipped bits. The sensors go by id, each sorting its own events: their
+        # rows then make one sorted run, which update() merges with the few its moved partners add
+        # instead of sorting them all.
         self.flip_count = 0
+        self.by_id.count = 0
         for m in range(self.moved_count if self.sensor_count else 0):
             if status == 0 and is_sensor(&self.core, self.moved[m]):
-                status = self._retest(self.moved[m], begun, ended)
+                status = rows_push(&self.by_id, self.core.proxies[self.moved[m]].id, <uint64_t>self.moved[m])
+        sort_pairs(self.by_id.pairs, self.by_id.count)
+        for m in range(self.by_id.count):
+            if status == 0:
+                status = self._retest(<int32_t>self.by_id.pairs[m].b, begun, ended)
         self._flip_partner_sides()
         for m in range(self.moved_count):
             prefetch_partners(&self.core, self.partners, self.moved, m, self.moved_count)
@@ -932,6 +956,7 @@ cdef class Broadphase(TreeBase):
         cdef int32_t *due
         cdef int32_t *flips
         cdef int32_t n = 0, d, k, other
+        cdef int64_t entered = self.entered.count, left = self.left.count
         cdef bint inside, now
         cdef Shape shape
         if mine.count > self.due_capacity:
@@ -971,6 +996,9 @@ cdef class Broadphase(TreeBase):
             self.inside += 1 if now else -1
             if rows_push(&self.entered if now else &self.left, t.proxies[sensor].id, t.proxies[other].id) != 0:
                 return -1
+        # Found in proxy order: sorted here, a few rows each (see _track).
+        sort_pairs(self.entered.pairs + entered, self.entered.count - entered)
+        sort_pairs(self.left.pairs + left, self.left.count - left)
         return 0
 
     cdef int _visit_sensor(self, int32_t sensor, int32_t visitor, int32_t *entry) noexcept nogil:
