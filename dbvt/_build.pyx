@@ -273,6 +273,34 @@ cdef void morton_keys(const Spread *s, int64_t start, int64_t end) noexcept nogi
                      | <uint64_t>i)
 
 
+ctypedef struct Radix:              # one pass of the Morton sort, each thread on a range of the keys
+    const uint64_t *source
+    uint64_t *target
+    int64_t *counts                 # parts x MORTON_CELLS: a range's digit counts, then where it writes each
+    int64_t n
+    int parts
+    int shift
+    bint scatter
+
+
+cdef void radix_part(void *context, int part) noexcept nogil:
+    """A range's digits counted or, once the counts are offsets, its keys written in order: the ranges
+    are taken in order for every digit, so the sort is the serial one (stable)."""
+    cdef Radix *r = <Radix *>context
+    cdef int64_t *mine = r.counts + part * MORTON_CELLS
+    cdef int64_t i, end = r.n * (part + 1) // r.parts
+    cdef int d
+    if not r.scatter:
+        memset(mine, 0, MORTON_CELLS * sizeof(int64_t))
+        for i in range(r.n * part // r.parts, end):
+            mine[(r.source[i] >> r.shift) & (MORTON_CELLS - 1)] += 1
+        return
+    for i in range(r.n * part // r.parts, end):
+        d = (r.source[i] >> r.shift) & (MORTON_CELLS - 1)
+        r.target[mine[d]] = r.source[i]
+        mine[d] += 1
+
+
 cdef uint64_t *morton_sort(const BuildItem *items, int64_t n, const Bounds *all, uint64_t *keys,
                            uint64_t *scratch, int threads) noexcept nogil:
     """Item indices sorted by the Morton code of their centres: (code << 32 | index) keys, in
@@ -280,34 +308,42 @@ cdef uint64_t *morton_sort(const BuildItem *items, int64_t n, const Bounds *all,
     axis), so a long, flat world is cut along its long side first."""
     cdef int64_t counts[MORTON_CELLS]
     cdef double extent = 0.0
-    cdef int64_t i, total, c
-    cdef int k, pass_, shift, d
+    cdef int64_t total, c
+    cdef int k, pass_, d
     cdef uint64_t *swap
     cdef Spread loop
+    cdef Radix radix
     for k in range(3):
         extent = max(extent, <double>all.cmax[k] - all.cmin[k])
     # Stage 1: the keys, on the threads.
     loop.items, loop.keys, loop.bounds = items, keys, all
     loop.scale = MORTON_CELLS / extent if extent > 0.0 else 0.0
     spread(&loop, morton_keys, n, threads)
-    # Stage 2: least significant digit first, one Morton cell's worth of bits per pass.
+    # Stage 2: least significant digit first, one Morton cell's worth of bits per pass, on the
+    # threads when there is room for their counts.
+    radix.parts = loop.parts
+    radix.counts = <int64_t *>malloc(radix.parts * MORTON_CELLS * sizeof(int64_t))
+    if radix.counts == NULL:
+        radix.parts, radix.counts = 1, counts
+    radix.n = n
     for pass_ in range(3):
-        shift = 32 + pass_ * MORTON_BITS
-        memset(counts, 0, sizeof(counts))
-        for i in range(n):
-            counts[(keys[i] >> shift) & (MORTON_CELLS - 1)] += 1
+        radix.shift = 32 + pass_ * MORTON_BITS
+        radix.source, radix.target = keys, scratch
+        radix.scatter = False
+        run_parts(radix_part, &radix, radix.parts)
         total = 0
         for d in range(MORTON_CELLS):
-            c = counts[d]
-            counts[d] = total
-            total += c
-        for i in range(n):
-            d = (keys[i] >> shift) & (MORTON_CELLS - 1)
-            scratch[counts[d]] = keys[i]
-            counts[d] += 1
+            for k in range(radix.parts):
+                c = radix.counts[k * MORTON_CELLS + d]
+                radix.counts[k * MORTON_CELLS + d] = total
+                total += c
+        radix.scatter = True
+        run_parts(radix_part, &radix, radix.parts)
         swap = keys
         keys = scratch
         scratch = swap
+    if radix.counts != counts:
+        free(radix.counts)
     return keys
 
 
