@@ -16,7 +16,8 @@ import grpc
 import numpy as np
 import pytest
 
-from dbvt_client import AsyncClient, Client, FailedPrecondition, InvalidArgument, Moving, Unavailable, WorldInfo, WrongServer
+from dbvt_client import (AsyncClient, Client, FailedPrecondition, InvalidArgument, Moving, NotFound, Unavailable,
+                         WorldInfo, WrongServer)
 from dbvt_client.routing import owner
 from dbvt_proto.v1 import broadphase_pb2 as pb
 from dbvt_proto.v1 import broadphase_pb2_grpc as pb_grpc
@@ -365,3 +366,18 @@ def test_a_stream_hears_the_move_and_the_next_stream_goes_where_the_world_went(j
         with world.stream() as stream:                            # straight to the new server
             assert stream.apply(move=([1], [[1, 1, 1, 2, 2, 2]]), expected_tick=1).tick == 2
     assert held(joined.new)[name].tick == 2 and name not in held(source)
+
+
+def test_a_move_to_a_malformed_destination_or_of_an_unknown_world_changes_nothing(joined):
+    name = joined.names("bad", 1)[0]
+    source = owner(name, joined.old)
+    with Client(source) as client:
+        world = client.create_world(name)
+        world.apply(create=([1], [[0, 0, 0, 1, 1, 1]]))
+        with pytest.raises(InvalidArgument, match="the destination must be host:port, not 'nowhere'"):
+            world.begin_move("nowhere")
+        with pytest.raises(NotFound, match="no world named 'absent'"):
+            client.world("absent").begin_move(joined.new)
+        info = world.info()
+        assert (info.moving_to, info.tick) == ("", 1) and world.apply(move=([1], [[1, 1, 1, 2, 2, 2]])).tick == 2
+        client.delete_world(name)

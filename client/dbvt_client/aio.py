@@ -7,7 +7,7 @@ import itertools
 
 import grpc
 
-from dbvt_client import batches, following, parts, queries, routing, transfer, watching
+from dbvt_client import batches, parts, queries, routing, transfer, watching
 from dbvt_client.client import (DEFAULT_MAX_PROXIES_PER_WORLD, DEFAULT_MAX_WORLDS, create_request, server_dict,
                                 stats_dict, world_info)
 from dbvt_client.errors import DbvtError, Unavailable, WrongServer, from_exception, from_rpc_error, from_stream_status
@@ -104,13 +104,8 @@ class AsyncClient:
             return _AsyncGrpcTransport(Connection(one, timeout, token, tls))
 
         if _transport is None:
-            if isinstance(target, (list, tuple)):
-                _transport = routing.AsyncRoutedTransport(list(target), connect)
-            elif isinstance(target, str) and routing.is_dns(target):
-                Connection(target, timeout, token, tls)      # refuses what it would refuse for one server
-                _transport = routing.AsyncRoutedTransport(target, connect)
-            else:
-                _transport = following.AsyncFollowingTransport(target, connect)
+            _transport = routing.transport_for(target, connect, lambda dns: Connection(dns, timeout, token, tls),
+                                               asynchronous=True)
         self._transport = _transport
         self._max_message_bytes: int | None = None
 

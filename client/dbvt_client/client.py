@@ -10,7 +10,7 @@ from concurrent.futures import Future
 
 import numpy as np
 
-from dbvt_client import batches, following, parts, queries, routing, transfer, watching
+from dbvt_client import batches, parts, queries, routing, transfer, watching
 from dbvt_client.errors import DbvtError, InvalidArgument, Unavailable, WrongServer, from_exception
 from dbvt_client.results import BatchResult, Crossings, Hits, NearestHits, RayHits, Snapshot, WorldInfo
 from dbvt_client.transport import Connection, GrpcTransport, local_transport
@@ -87,13 +87,8 @@ class Client:
             return GrpcTransport(Connection(one, timeout, token, tls))
 
         if _transport is None:
-            if isinstance(target, (list, tuple)):
-                _transport = routing.RoutedTransport(list(target), connect)
-            elif isinstance(target, str) and routing.is_dns(target):
-                Connection(target, timeout, token, tls)      # refuses what it would refuse for one server
-                _transport = routing.RoutedTransport(target, connect)
-            else:
-                _transport = following.FollowingTransport(target, connect)
+            _transport = routing.transport_for(target, connect, lambda dns: Connection(dns, timeout, token, tls),
+                                               asynchronous=False)
         self._transport = _transport
         self._max_message_bytes: int | None = None
 

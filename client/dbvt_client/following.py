@@ -77,7 +77,7 @@ class _Backoff:
 
 class FollowingTransport(_Redirects):
     def _call(self, method: str, world: str | None, *args):
-        followed, backoff = False, _Backoff()
+        followed, backoff = False, None
         while True:
             try:
                 return getattr(self._at(world), method)(*args)
@@ -87,6 +87,7 @@ class FollowingTransport(_Redirects):
                 followed = True
                 self._learn(world, redirect)
             except Moving as moving:
+                backoff = backoff or _Backoff()
                 time.sleep(backoff.next(moving))
 
     def unary(self, method: str, request):
@@ -113,7 +114,7 @@ class AsyncFollowingTransport(_Redirects):
     """`FollowingTransport` for `AsyncClient`."""
 
     async def _call(self, method: str, world: str | None, *args):
-        followed, backoff = False, _Backoff()
+        followed, backoff = False, None
         while True:
             try:
                 return await getattr(self._at(world), method)(*args)
@@ -123,6 +124,7 @@ class AsyncFollowingTransport(_Redirects):
                 followed = True
                 self._learn(world, redirect)
             except Moving as moving:
+                backoff = backoff or _Backoff()
                 await asyncio.sleep(backoff.next(moving))
 
     async def unary(self, method: str, request):

@@ -252,6 +252,18 @@ class AsyncRoutedTransport:
             await transport.close()
 
 
+def transport_for(target, connect, check, asynchronous: bool):
+    """What a client of `target` calls through: routed over a list of servers or a DNS name, else one
+    server's transport that follows redirects and moves. `check(target)` refuses a DNS name as it
+    would one server (a target without a port, a token in the clear)."""
+    if isinstance(target, (list, tuple)):
+        return (AsyncRoutedTransport if asynchronous else RoutedTransport)(list(target), connect)
+    if isinstance(target, str) and is_dns(target):
+        check(target)
+        return (AsyncRoutedTransport if asynchronous else RoutedTransport)(target, connect)
+    return (AsyncFollowingTransport if asynchronous else FollowingTransport)(target, connect)
+
+
 def _check_overlap(method: str, request, targets: list[str]) -> None:
     if method == "Overlap" and owner(request.world_a, targets) != owner(request.world_b, targets):
         raise InvalidArgument(f"worlds {request.world_a!r} and {request.world_b!r} live on different servers: "
