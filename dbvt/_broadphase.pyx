@@ -13,6 +13,7 @@ holds its shape grown by the sensor margin (its "reach"), so a proxy inside is a
 A sensor's list is long (every proxy within its reach), and a moving sensor re-tests only the
 partners whose budget, set at their last test, the two sides' drifts since may have used up.
 """
+from libc.float cimport FLT_MAX
 from libc.math cimport INFINITY, nextafter, nextafterf
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc, realloc
@@ -29,12 +30,12 @@ from dbvt._batch cimport pairs_free, pairs_push, rows_push, self_pairs, sort_int
 from dbvt._core cimport (
     PREDICTION_STEPS, PREFETCH_AHEAD, PROXY_LIVE, PROXY_MOVED, PROXY_REFAT, PROXY_SEEN, PROXY_SENSOR,
     PROXY_SENSOR_BOX, PROXY_SENSOR_SPHERE, PROXY_STATIC, QUERY_FAT_BOX, Hits, IdPair, PairBuffer, Proxy, Query, Stack, TreeCore,
-    box_contains, boxes_overlap, core_move, core_remove, core_reserve, core_set_sensor, hits_free, listed_allowed,
-    load_box, pair_allowed, prefetch, stack_free, walk,
+    box_contains, boxes_overlap, clamp_finite, core_move, core_place, core_remove, core_reserve, core_set_sensor, hits_free,
+    listed_allowed, load_box, pair_allowed, prefetch, stack_free, walk,
 )
 from dbvt._sensors cimport (
-    ROUNDING, SensorGrid, Shape, grid_build, grid_find, grid_free, grid_init, grid_list_sensors, move_drift, shape_of,
-    shape_touches,
+    ROUNDING, SensorGrid, Shape, ball_holds, ball_touches, grid_build, grid_find, grid_free, grid_init, grid_list_sensors,
+    move_drift, reach_ball, reach_cube, shape_of, shape_touches, within_reach,
 )
 from dbvt._tree cimport TreeBase, pair_array, prefetch_move
 
@@ -106,7 +107,8 @@ cdef inline bint is_sensor(const TreeCore *t, int32_t proxy) noexcept nogil:
 
 
 cdef inline void grow_outward(const float *box, float *out, double grow, int32_t dims) noexcept nogil:
-    """`box` grown by `grow` on every side, rounded outward so that it holds the exact grown box."""
+    """`box` grown by `grow` on every side, rounded outward so that it holds the exact grown box, and
+    kept within float32's range (no proxy reaches beyond it)."""
     cdef int i
     cdef float low, high
     memcpy(out, box, 6 * sizeof(float))
@@ -117,8 +119,8 @@ cdef inline void grow_outward(const float *box, float *out, double grow, int32_t
             low = nextafterf(low, -INFINITY)
         if <double>high < <double>box[i + 3] + grow:
             high = nextafterf(high, INFINITY)
-        out[i] = low
-        out[i + 3] = high
+        out[i] = clamp_finite(low)
+        out[i + 3] = clamp_finite(high)
 
 
 cdef inline bint tight_overlap(const TreeCore *t, int32_t a, int32_t b) noexcept nogil:
@@ -308,7 +310,7 @@ cdef class Broadphase(TreeBase):
     cdef PairBuffer ended           # pairs of destroyed proxies, reported by the next update()
     cdef readonly bint track_pairs
     cdef int64_t touching           # pairs whose tight boxes overlap now, kept as bits flip
-    cdef int64_t listed             # entries of all partner lists: twice the pairs of fat boxes
+    cdef int64_t listed             # entries of all partner lists: twice the pairs of fat boxes (within reach)
     cdef int64_t listed_limit       # during update(max_fat_pairs=...): past it the update stops
     cdef readonly double sensor_margin
     cdef int64_t inside             # sensor pairs inside now (each counted once)
@@ -506,6 +508,8 @@ cdef class Broadphase(TreeBase):
                                           INFINITY)
         if not (p.flags & PROXY_SENSOR):
             return core_move(&self.core, proxy, tight, PREDICTION_STEPS)
+        if p.flags & PROXY_SENSOR_SPHERE:
+            return self._move_sphere(proxy, tight)
         if self.sensor_margin == 0.0:
             return core_move(&self.core, proxy, tight, SENSOR_PREDICTION_STEPS)
         grow_outward(tight, reach, self.sensor_margin, self.core.dims)
@@ -518,6 +522,29 @@ cdef class Broadphase(TreeBase):
         refat = core_move(&self.core, proxy, reach, SENSOR_PREDICTION_STEPS)
         memcpy(self.core.proxies[proxy].tight, tight, 6 * sizeof(float))
         return refat
+
+    cdef bint _move_sphere(self, int32_t proxy, const float *tight) noexcept nogil:
+        """_move_proxy() for a sphere sensor, whose reach is a ball (see _sensors.pxd)."""
+        cdef Proxy *p = &self.core.proxies[proxy]
+        cdef int32_t dims = self.core.dims
+        cdef float reach[6]
+        cdef float fat[6]
+        cdef int holds = ball_holds(p.fat, tight, dims, self.sensor_margin)
+        cdef int i
+        if holds == -1:
+            grow_outward(tight, reach, self.sensor_margin, dims)
+        if (holds == 1 and box_contains(p.fat, tight)) or (holds == -1 and box_contains(p.fat, reach)):
+            memcpy(p.tight, tight, 6 * sizeof(float))
+            return False
+        if (not reach_cube(tight, p.tight, dims, self.sensor_margin, self.core.margin, SENSOR_PREDICTION_STEPS, fat)
+                or ball_holds(fat, tight, dims, self.sensor_margin) != 1):
+            # At the limits of float32: the sensor reaches everywhere.
+            memcpy(fat, tight, 6 * sizeof(float))
+            for i in range(dims):
+                fat[i] = -FLT_MAX
+                fat[i + 3] = FLT_MAX
+        core_place(&self.core, proxy, tight, fat)
+        return True
 
     def move(self, ids, boxes, previous=None):
         """Give proxies new tight boxes; returns how many left their fat box (and got a new one).
@@ -817,7 +844,9 @@ cdef class Broadphase(TreeBase):
         cdef TreeCore *t = &self.core
         cdef Partners *mine = &self.partners[proxy]
         cdef int32_t *items = items_of(mine)
-        cdef bint sensor = is_sensor(t, proxy)
+        cdef bint sensor = is_sensor(t, proxy), reach, ball
+        cdef double centre[3]
+        cdef double radius
         cdef double *budgets = budgets_of(mine) if sensor else NULL
         cdef Query q
         cdef int64_t h, kept = 0
@@ -837,18 +866,25 @@ cdef class Broadphase(TreeBase):
         if walk(t, &q, stack, hits) != 0:
             return -1
         found = 0
+        # The walk finds fat boxes that overlap; a sphere sensor's reach is smaller (see _sensors.pxd).
+        reach = sensor
+        ball = ((t.proxies[proxy].flags & PROXY_SENSOR_SPHERE) != 0
+                and reach_ball(t.proxies[proxy].fat, t.dims, centre, &radius))
         if self.sensor_count and not sensor:
-            found = grid_find(&self.grid, t, q.box, hits)
+            found = grid_find(&self.grid, t, q.box, hits)   # only sensors within reach
             if found == 1:
                 q.skip_flags = 0
                 hits.count = 0
                 found = walk(t, &q, stack, hits)
+                reach = True
             if found != 0:
                 return -1
             found = 1
         for h in range(hits.count):
             other = hits.proxies[h]
-            if other != proxy and listed_allowed(t, self.groups, self.masks, proxy, other):
+            if (other != proxy and listed_allowed(t, self.groups, self.masks, proxy, other)
+                    and (not reach or (ball_touches(centre, radius, t.proxies[other].fat, t.dims) if ball
+                                       else self._within_reach(proxy, other)))):
                 hits.proxies[kept] = other
                 kept += 1
         sort_int32(hits.proxies, kept)
@@ -896,6 +932,17 @@ cdef class Broadphase(TreeBase):
         if 0 <= self.listed_limit < self.listed:
             return FAT_LIMIT
         return 0
+
+    cdef inline bint _within_reach(self, int32_t a, int32_t b) noexcept nogil:
+        """Whether two proxies whose fat boxes overlap are partners: not when one is a sphere sensor
+        whose reach, a ball, the other's fat box misses (see _sensors.pxd)."""
+        cdef const Proxy *p = &self.core.proxies[a]
+        cdef const Proxy *q = &self.core.proxies[b]
+        if p.flags & PROXY_SENSOR_SPHERE:
+            return within_reach(p.fat, p.flags, q.fat, self.core.dims)
+        if q.flags & PROXY_SENSOR_SPHERE:
+            return within_reach(q.fat, q.flags, p.fat, self.core.dims)
+        return True
 
     cdef inline bint _sensor_partner(self, int32_t proxy, int32_t other) noexcept nogil:
         """Whether `other`, a partner of `proxy`, is a sensor: without reading its flags, a cache miss,
@@ -1132,7 +1179,7 @@ cdef class Broadphase(TreeBase):
     def validate(self):
         """Tree invariants, then the partner lists: sorted, symmetric with the same touching bit,
         between live proxies that may pair; with nothing pending, exactly the pairs of overlapping
-        fat boxes, marked touching exactly where the tight boxes overlap; a sensor pair marked inside
+        fat boxes within reach (a sphere sensor's: touching its ball), marked touching exactly where the tight boxes overlap; a sensor pair marked inside
         only where the proxy touches the grown shape, and outside only where it does not touch the
         shape; and, pending or not, each sensor pair that a re-test would pass over (its budget not
         yet reached) already decided as a test would decide it."""
@@ -1145,6 +1192,7 @@ cdef class Broadphase(TreeBase):
         cdef Partners *mine
         cdef Shape shape
         cdef bint touches
+        cdef int holds
         cdef int64_t listed = 0, touching = 0, inside = 0, sensor_entries = 0, sensors = 0
         cdef bint settled = (self.track_pairs and self.moved_count == 0 and self.ended.count == 0
                              and self.leaving.count == 0)
@@ -1159,8 +1207,11 @@ cdef class Broadphase(TreeBase):
             if is_sensor(t, proxy):
                 sensors += 1
                 grow_outward(t.proxies[proxy].tight, reach, self.sensor_margin, t.dims)
-                if not box_contains(t.proxies[proxy].fat, reach):
-                    raise RuntimeError("dbvt invariant broken: a sensor's fat box does not hold its reach")
+                holds = ball_holds(t.proxies[proxy].fat, t.proxies[proxy].tight, t.dims, self.sensor_margin)
+                if not (t.proxies[proxy].flags & PROXY_SENSOR_SPHERE):
+                    holds = -1
+                if holds == 0 or (holds == -1 and not box_contains(t.proxies[proxy].fat, reach)):
+                    raise RuntimeError("dbvt invariant broken: a sensor's reach does not hold its shape grown by the margin")
                 shape_of(&shape, t.proxies[proxy].tight, t.proxies[proxy].flags, t.dims, self.sensor_margin)
                 budgets = budgets_of(mine)
             if mine.capacity < INLINE_PARTNERS or mine.count > mine.capacity:
@@ -1191,13 +1242,14 @@ cdef class Broadphase(TreeBase):
                     sensor_entries += 1
                 elif settled and (entry & TOUCHING) != tight_overlap(t, proxy, other):
                     raise RuntimeError("dbvt invariant broken: a touching bit disagrees with the tight boxes")
-                if settled and not boxes_overlap(t.proxies[proxy].fat, t.proxies[other].fat):
-                    raise RuntimeError("dbvt invariant broken: listed partners' fat boxes do not overlap")
+                if settled and not (boxes_overlap(t.proxies[proxy].fat, t.proxies[other].fat)
+                                    and self._within_reach(proxy, other)):
+                    raise RuntimeError("dbvt invariant broken: listed partners are not within reach")
                 listed += 1
                 if not (is_sensor(t, proxy) or is_sensor(t, other)):
                     touching += entry & TOUCHING
         if settled and listed // 2 != self._count_fat_pairs():
-            raise RuntimeError("dbvt invariant broken: pairs of overlapping fat boxes are missing")
+            raise RuntimeError("dbvt invariant broken: pairs of fat boxes within reach are missing")
         if listed != self.listed or touching != 2 * self.touching or inside != self.inside:
             raise RuntimeError("dbvt invariant broken: the counts of listed, touching and inside pairs drifted")
         if sensor_entries % 2 or sensors != self.sensor_count:
@@ -1225,12 +1277,37 @@ cdef class Broadphase(TreeBase):
                 if walk(t, &q, &stack, &hits) != 0:
                     raise MemoryError()
                 for h in range(hits.count):
-                    if hits.proxies[h] > proxy and listed_allowed(t, self.groups, self.masks, proxy, hits.proxies[h]):
+                    if (hits.proxies[h] > proxy and listed_allowed(t, self.groups, self.masks, proxy, hits.proxies[h])
+                            and self._within_reach(proxy, hits.proxies[h])):
                         count += 1
         finally:
             stack_free(&stack)
             hits_free(&hits)
         return count
+
+    cdef int _reach_balls(self) except -1:
+        """After loading: a sphere sensor saved before its reach was a ball (its fat box any box, its
+        list every proxy that box overlaps) gets a cube if it needs one, and its partners are found
+        again at the next update(). No event comes of it: a proxy inside stays within reach."""
+        cdef TreeCore *t = &self.core
+        cdef int32_t proxy, k
+        cdef int32_t *items
+        cdef bint stale
+        cdef float tight[6]
+        if self.sensor_count == 0:
+            return 0
+        self._reserve(0, self.sensor_count)
+        for proxy in range(self.slot_capacity):
+            if (t.proxies[proxy].flags & (PROXY_LIVE | PROXY_SENSOR_SPHERE)) != (PROXY_LIVE | PROXY_SENSOR_SPHERE):
+                continue
+            memcpy(tight, t.proxies[proxy].tight, sizeof(tight))
+            stale = self._move_proxy(proxy, tight)
+            items = items_of(&self.partners[proxy])
+            for k in range(self.partners[proxy].count):
+                stale = stale or not self._within_reach(proxy, items[k] >> 1)
+            if stale:
+                self._mark_moved(proxy, True)
+        return 0
 
     def to_bytes(self):
         """The tree, then per-proxy groups and masks, the partner lists, pending moves and ends.
@@ -1339,6 +1416,7 @@ cdef class Broadphase(TreeBase):
             bp._track_drift()
         bp.moved_count = moved_count
         bp.listed = total
+        bp._reach_balls()
         try:
             bp.validate()
         except RuntimeError as exc:

@@ -151,6 +151,7 @@ cdef void core_prefetch_move(const TreeCore *t, int32_t proxy, bint parent) noex
 cdef int32_t core_add(TreeCore *t, uint64_t id, const float *tight) noexcept nogil
 cdef void core_remove(TreeCore *t, int32_t proxy) noexcept nogil
 cdef bint core_move(TreeCore *t, int32_t proxy, const float *tight, float prediction) noexcept nogil
+cdef void core_place(TreeCore *t, int32_t proxy, const float *tight, const float *fat) noexcept nogil
 cdef void slot_insert(TreeCore *t, int32_t proxy) noexcept nogil
 cdef int grow_nodes(TreeCore *t, int64_t capacity) noexcept nogil
 cdef void insert_leaf(TreeCore *t, int32_t proxy, int32_t start) noexcept nogil

@@ -545,7 +545,6 @@ cdef bint core_move(TreeCore *t, int32_t proxy, const float *tight, float predic
     cdef Proxy *p = &t.proxies[proxy]
     cdef float shift, limit
     cdef float fat[6]
-    cdef int32_t start, levels
     cdef int i
     if box_contains(p.fat, tight):
         memcpy(p.tight, tight, 6 * sizeof(float))
@@ -564,6 +563,14 @@ cdef bint core_move(TreeCore *t, int32_t proxy, const float *tight, float predic
             fat[i] = clamp_finite(fat[i] + shift)
         else:
             fat[i + 3] = clamp_finite(fat[i + 3] + shift)
+    core_place(t, proxy, tight, fat)
+    return True
+
+
+cdef void core_place(TreeCore *t, int32_t proxy, const float *tight, const float *fat) noexcept nogil:
+    """Give a proxy a new tight box and a new fat box that holds it."""
+    cdef Proxy *p = &t.proxies[proxy]
+    cdef int32_t start, levels
     # The lowest ancestor that holds the new box (moves are mostly short)...
     start = p.parent
     levels = 1
@@ -577,7 +584,7 @@ cdef bint core_move(TreeCore *t, int32_t proxy, const float *tight, float predic
         start = p.parent
         while start != NULL_REF and refit(t, start):
             start = t.parents[start]
-        return True
+        return
     # ...is far (so not the parent, which the removal frees): reinsert below it, or below the root,
     # leaving the tree above it untouched.
     remove_leaf(t, proxy)
@@ -585,7 +592,6 @@ cdef bint core_move(TreeCore *t, int32_t proxy, const float *tight, float predic
     memcpy(p.tight, tight, 6 * sizeof(float))
     memcpy(p.fat, fat, 6 * sizeof(float))
     insert_leaf(t, proxy, start if start != NULL_REF else t.root)
-    return True
 
 
 

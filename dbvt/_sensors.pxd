@@ -6,10 +6,12 @@
 # sensor's shape by at most |e| (the Euclidean norm), and a sphere sensor's centre and radius moving
 # by |dc| and dr change it by at most |dc| + |dr|. So a pair found at distance `slack` from its next
 # threshold keeps its decision while the sum of both sides' such drifts stays below the slack.
-from libc.math cimport sqrt
-from libc.stdint cimport int32_t, int64_t
+from libc.float cimport FLT_EPSILON, FLT_MAX
+from libc.math cimport INFINITY, nextafterf, sqrt
+from libc.stdint cimport int32_t, int64_t, uint32_t
+from libc.string cimport memcpy
 
-from dbvt._core cimport PROXY_SENSOR_BOX, PROXY_SENSOR_SPHERE, Hits, TreeCore
+from dbvt._core cimport PROXY_SENSOR_BOX, PROXY_SENSOR_SPHERE, Hits, TreeCore, boxes_overlap
 
 
 cdef enum:
@@ -109,7 +111,110 @@ cdef inline double move_drift(const float *before, const float *after, unsigned 
     return sqrt(norm) * (1.0 + ROUNDING)
 
 
-# Which sensors' fat boxes a proxy's new fat box overlaps. The sensors' subtree answers that poorly:
+# A sphere sensor's reach is a ball: its fat box is a cube around the ball that its shape, grown by
+# the margin, may cover in its next moves, and its partners are the proxies whose fat boxes touch the
+# ball inside that cube, not every proxy in the cube's corners: some 30 % fewer, so its budgets pass
+# over fewer entries and proxies list fewer sensors. At the limits of float32, where such a cube
+# cannot be held, the fat box itself is the reach, as for a box sensor.
+
+cdef inline bint reach_ball(const float *fat, int dims, double *centre, double *radius) noexcept nogil:
+    """The ball inside a sphere sensor's fat box (centre, and radius half its smallest side), or False
+    when the box meets the limits of float32 and is the reach itself."""
+    cdef int i
+    radius[0] = INFINITY
+    for i in range(dims):
+        if fat[i] <= -FLT_MAX or fat[i + 3] >= FLT_MAX:
+            return False
+        centre[i] = 0.5 * (<double>fat[i] + <double>fat[i + 3])
+        radius[0] = min(radius[0], 0.5 * (<double>fat[i + 3] - <double>fat[i]))
+    return True
+
+
+cdef inline bint ball_touches(const double *centre, double radius, const float *box, int dims) noexcept nogil:
+    cdef double gap, distance_sq = 0.0
+    cdef int i
+    for i in range(dims):
+        gap = max(<double>box[i] - centre[i], centre[i] - <double>box[i + 3], 0.0)
+        distance_sq += gap * gap
+    return distance_sq <= radius * radius
+
+
+cdef inline bint within_reach(const float *fat, unsigned int flags, const float *box, int dims) noexcept nogil:
+    """Whether a proxy with fat box `box` is within reach of a sensor with fat box `fat`, so that the
+    two are partners: the boxes overlap and, for a sphere sensor, `box` touches its reach's ball."""
+    cdef double centre[3]
+    cdef double radius
+    if not boxes_overlap(fat, box):
+        return False
+    if not (flags & PROXY_SENSOR_SPHERE) or not reach_ball(fat, dims, centre, &radius):
+        return True
+    return ball_touches(centre, radius, box, dims)
+
+
+cdef inline int ball_holds(const float *fat, const float *tight, int dims, double margin) noexcept nogil:
+    """Whether a sphere sensor's reach holds its shape grown by the margin: 1 or 0, or -1 when its fat
+    box is the reach (see reach_ball), which must then hold the tight box grown by the margin. A
+    proxy whose tight box touches the grown shape then has a fat box within reach (within_reach)."""
+    cdef Shape shape
+    cdef double centre[3]
+    cdef double radius, offset = 0.0, scale = margin
+    cdef int i
+    if not reach_ball(fat, dims, centre, &radius):
+        return -1
+    shape_of(&shape, tight, PROXY_SENSOR_SPHERE, dims, margin)
+    for i in range(dims):
+        offset += (shape.centre[i] - centre[i]) * (shape.centre[i] - centre[i])
+        scale += max(-<double>fat[i], <double>fat[i + 3])
+    return sqrt(offset) + shape.limit[1] <= radius - ROUNDING * scale
+
+
+cdef inline bint reach_cube(const float *tight, const float *before, int dims, double margin, double grow,
+                            double prediction, float *fat) noexcept nogil:
+    """A sphere sensor's fat box after a move from `before` to `tight`: the cube around the ball that
+    holds its shape grown by `margin` and `grow` over `prediction` more moves like this one (never
+    more than its diameter: a teleport must not leave a huge box behind), and its tight box. False
+    when the cube would leave float32's range."""
+    cdef Shape now, last
+    cdef double step[3]
+    cdef double length = 0.0, ahead, radius, pad, magnitude = 0.0, low, high
+    cdef int i
+    shape_of(&now, tight, PROXY_SENSOR_SPHERE, dims, margin)
+    shape_of(&last, before, PROXY_SENSOR_SPHERE, dims, margin)
+    for i in range(dims):
+        step[i] = now.centre[i] - last.centre[i]
+        length += step[i] * step[i]
+    length = sqrt(length)
+    ahead = 0.5 * prediction
+    if length * ahead > 2.0 * now.limit[0]:
+        ahead = 2.0 * now.limit[0] / length
+    radius = now.limit[1] + grow + ahead * length
+    for i in range(dims):
+        # A fat box holds its tight box too, which is longer than the ball on some axes when it is
+        # not a cube: the cube grows to hold it.
+        radius = max(radius, now.centre[i] + ahead * step[i] - <double>tight[i],
+                     <double>tight[i + 3] - (now.centre[i] + ahead * step[i]))
+        magnitude = max(magnitude, abs(now.centre[i] + ahead * step[i]))
+    # The cube's float32 bounds round outward, which may shift its centre by half a float32 step,
+    # and ball_holds keeps a rounding allowance: a few of each on the radius keep the ball inside.
+    pad = (8.0 * FLT_EPSILON + 4.0 * ROUNDING) * (magnitude + radius + margin)
+    memcpy(fat, tight, 6 * sizeof(float))
+    for i in range(dims):
+        low = now.centre[i] + ahead * step[i] - radius - pad
+        high = now.centre[i] + ahead * step[i] + radius + pad
+        if not (-FLT_MAX < low and high < FLT_MAX):
+            return False
+        fat[i] = <float>low
+        fat[i + 3] = <float>high
+        if <double>fat[i] > low:
+            fat[i] = nextafterf(fat[i], -INFINITY)
+        if <double>fat[i + 3] < high:
+            fat[i + 3] = nextafterf(fat[i + 3], INFINITY)
+        if not (-FLT_MAX <= fat[i] and fat[i + 3] <= FLT_MAX):
+            return False
+    return True
+
+
+# Which sensors a proxy's new fat box is within reach of. The sensors' subtree answers that poorly:
 # their boxes are large and overlap each other heavily, so a walk opens some hundred nodes for the
 # few sensors it finds, and every partner refresh of a proxy needs one. A hash grid of cells as large
 # as a sensor's fat box on average finds them among the few sensors of the one to eight cells the box
@@ -117,7 +222,7 @@ cdef inline double move_drift(const float *before, const float *after, unsigned 
 ctypedef struct GridEntry:          # a sensor in one of its cells: 32 bytes
     float fat[6]                    # its fat box, copied: a lookup reads its cells' entries in a row
     int32_t sensor
-    int32_t unused
+    uint32_t flags                  # its Proxy.flags: a sphere sensor reaches only the ball in its fat box
 
 ctypedef struct SensorGrid:
     double cell                     # a cell's side; 0 while there are no sensors

@@ -1,5 +1,5 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False, cdivision=True
-"""The sensors' grid (see _sensors.pxd): which sensors' fat boxes a box overlaps.
+"""The sensors' grid (see _sensors.pxd): which sensors a fat box is within reach of.
 
 Exact as the tree's walk is: a cell is floor(x / cell) on each axis, and division and floor are
 monotone, so two closed boxes that share a point share that point's cell; every candidate is then
@@ -147,12 +147,13 @@ cdef int grid_build(SensorGrid *g, const TreeCore *t) noexcept nogil:
                     g.starts[b] -= 1
                     memcpy(g.entries[g.starts[b]].fat, t.proxies[sensor].fat, sizeof(g.entries[0].fat))
                     g.entries[g.starts[b]].sensor = sensor
+                    g.entries[g.starts[b]].flags = t.proxies[sensor].flags
     return 0
 
 
 cdef int grid_find(const SensorGrid *g, const TreeCore *t, const float *box, Hits *hits) noexcept nogil:
-    """Append to `hits` every sensor whose fat box overlaps `box` (some perhaps more than once: a
-    sensor is listed in each of its cells). Returns 1, with nothing appended, when `box` spans too
+    """Append to `hits` every sensor that a proxy with fat box `box` is within reach of (some perhaps
+    more than once: a sensor is listed in each of its cells). Returns 1, with nothing appended, when `box` spans too
     many cells: then walk the sensors' subtree instead."""
     cdef int64_t low[3]
     cdef int64_t high[3]
@@ -167,10 +168,12 @@ cdef int grid_find(const SensorGrid *g, const TreeCore *t, const float *box, Hit
             for z in range(low[2], high[2] + 1):
                 b = bucket_of(g, x, y, z)
                 for k in range(g.starts[b], g.starts[b + 1]):
-                    if overlap(box, g.entries[k].fat) and hits_push(hits, g.entries[k].sensor, 0.0) != 0:
+                    if (overlap(box, g.entries[k].fat) and within_reach(g.entries[k].fat, g.entries[k].flags, box, t.dims)
+                            and hits_push(hits, g.entries[k].sensor, 0.0) != 0):
                         return -1
     for k in range(g.wide_count):
         sensor = g.sensors[k]
-        if overlap(box, t.proxies[sensor].fat) and hits_push(hits, sensor, 0.0) != 0:
+        if (within_reach(t.proxies[sensor].fat, t.proxies[sensor].flags, box, t.dims)
+                and hits_push(hits, sensor, 0.0) != 0):
             return -1
     return 0

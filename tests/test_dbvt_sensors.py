@@ -4,6 +4,8 @@ every update compares the events (begun, ended, entered, left) and the whole set
 both validate. Coordinates are mostly quarter units on a small lattice, so proxies touching a shape
 exactly, sitting on the margin's edge, and tied centres are common.
 """
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import settings
@@ -330,3 +332,75 @@ def test_partner_lists_find_sensors_of_every_size_and_proxies_of_every_size():
         for world in (real, ref):
             world.move(movers.astype(np.uint64), proxies[movers])
             world.move(sensor_ids, sensors)
+
+
+def fold(pairs: set, entered, left) -> set:
+    return (pairs - {tuple(row) for row in left.tolist()}) | {tuple(row) for row in entered.tolist()}
+
+
+def test_a_sphere_sensor_reaches_the_ball_in_its_fat_box_not_the_corners():
+    real = dbvt.Broadphase(dims=3, margin=0.0)
+    ref = reference.Broadphase(dims=3, margin=0.0)
+    for world in (real, ref):
+        world.create([1], [[-10, -10, -10, 10, 10, 10]], sensor="sphere")
+        # In the corner of the sensor's fat box but outside its ball; and just inside the ball.
+        world.create([2, 3], [[9, 9, 9, 9.5, 9.5, 9.5], [0, 0, 9.9, 0.1, 0.1, 10]])
+        world.update()
+    real.validate()
+    assert real.stats()["fat_pairs"] == 1
+    np.testing.assert_array_equal(real.sensor_pairs(), [[1, 3]])
+    for step in range(1, 40):                   # its cube moves ahead of it, and is left behind in turn
+        x = np.float32(0.5 * step if step < 20 else 0.5 * (40 - step))
+        for world in (real, ref):
+            world.move([1], [[x - 10, -10, -10, x + 10, 10, 10]])
+            world.move([2], [[9 - x / 4, 9, 9, 9.5 - x / 4, 9.5, 9.5]])
+            world.update()
+        for got, expected in zip(real.sensor_events(), ref.sensor_events()):
+            np.testing.assert_array_equal(got, expected)
+        real.validate()
+
+
+@pytest.mark.parametrize("kind", ["box", "sphere"])
+@pytest.mark.parametrize("dims", [2, 3])
+def test_sensors_at_the_limits_of_float32_reach_everything_they_must(dims, kind):
+    top = np.float32(3.4e38)
+    real = dbvt.Broadphase(dims=dims, margin=1e37, sensor_margin=1e37)
+    ref = reference.Broadphase(dims=dims, margin=1e37, sensor_margin=1e37)
+    low, high = np.full(dims, top - np.float32(4e37)), np.full(dims, top)
+    near = np.concatenate([low, low + np.float32(1e37)])
+    for world in (real, ref):
+        world.create([1], [np.concatenate([low, high])], sensor=kind)
+        world.create([2, 3], [near, -near[::-1]])
+        world.update()
+    for step in range(6):
+        shift = np.float32(step * 3e36)
+        for world in (real, ref):
+            world.move([1], [np.concatenate([low - shift, high - shift])])
+            world.move([2], [near - shift * 2])
+            world.update()
+        for got, expected in zip(real.sensor_events(), ref.sensor_events()):
+            np.testing.assert_array_equal(got, expected)
+        real.validate()
+
+
+def test_a_world_saved_when_a_sphere_sensors_reach_was_its_whole_fat_box_loads_without_events():
+    # Written by the build before the reach was a ball (commit 969d356): three sphere sensors whose
+    # lists hold every proxy in their fat boxes' corners too, 77 sensor pairs inside.
+    data = (Path(__file__).parent / "data" / "sensors_with_box_reach.dbvt").read_bytes()
+    bp = dbvt.Broadphase.from_bytes(data)
+    inside = {tuple(row) for row in bp.sensor_pairs().tolist()}
+    assert len(inside) == 77 and bp.stats()["fat_pairs"] == 377
+    bp.update()
+    assert all(len(rows) == 0 for rows in bp.sensor_events())
+    assert bp.stats()["fat_pairs"] < 377            # the corners' proxies are partners no more
+    bp.validate()
+    rng = np.random.default_rng(3)
+    ids = np.arange(300, dtype=np.uint64)
+    boxes = bp.get(ids)
+    for _ in range(8):
+        boxes += rng.uniform(-0.6, 0.6, size=(300, 1)).astype(np.float32)
+        bp.move(ids, boxes)
+        bp.update()
+        inside = fold(inside, *bp.sensor_events())
+        assert inside == {tuple(row) for row in bp.sensor_pairs().tolist()}
+        bp.validate()                               # inside exactly where the rule says
