@@ -148,6 +148,9 @@ cdef int grow_nodes(TreeCore *t, int64_t capacity) noexcept nogil:
     if grown == NULL:
         return -1
     t.costs = <float *>grown
+    # Zeroed, so that a tree's bytes (to_bytes copies the whole pool) depend on its history alone.
+    memset(&t.nodes[t.node_capacity], 0, (capacity - t.node_capacity) * sizeof(Node))
+    memset(&t.costs[t.node_capacity], 0, (capacity - t.node_capacity) * sizeof(float))
     # New slots go on the free list lowest index first, so fresh trees are laid out in order.
     i = capacity - 1
     while i >= t.node_capacity:
@@ -170,9 +173,9 @@ cdef int grow_proxies(TreeCore *t, int64_t capacity) noexcept nogil:
     if proxies == NULL:
         return -1
     t.proxies = proxies
+    memset(&proxies[t.proxy_capacity], 0, (capacity - t.proxy_capacity) * sizeof(Proxy))
     i = capacity - 1
     while i >= t.proxy_capacity:
-        proxies[i].flags = 0
         proxies[i].parent = t.free_proxy
         t.free_proxy = <int32_t>i
         i -= 1
