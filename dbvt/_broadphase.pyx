@@ -31,11 +31,12 @@ from dbvt._core cimport (
     PREDICTION_STEPS, PREFETCH_AHEAD, PROXY_LIVE, PROXY_MOVED, PROXY_REFAT, PROXY_SEEN, PROXY_SENSOR,
     PROXY_SENSOR_BOX, PROXY_SENSOR_SPHERE, PROXY_STATIC, QUERY_FAT_BOX, Hits, IdPair, PairBuffer, Proxy, Query, Stack, TreeCore,
     box_contains, boxes_overlap, clamp_finite, core_move, core_place, core_remove, core_reserve, core_set_sensor, hits_free,
-    listed_allowed, load_box, pair_allowed, prefetch, stack_free, walk,
+    hits_push, listed_allowed, load_box, pair_allowed, prefetch, stack_free, walk,
 )
+from dbvt._finding cimport FIND_ON_THREADS_FROM, Finder, Found, find_all, find_partners, found_free, reach_allows
 from dbvt._sensors cimport (
-    ROUNDING, SensorGrid, Shape, ball_holds, ball_touches, grid_build, grid_find, grid_free, grid_init, grid_list_sensors,
-    move_drift, reach_ball, reach_cube, shape_of, shape_touches, within_reach,
+    ROUNDING, SensorGrid, Shape, ball_holds, grid_build, grid_free, grid_init, grid_list_sensors, move_drift, reach_cube,
+    shape_of, shape_touches,
 )
 from dbvt._tree cimport TreeBase, pair_array, prefetch_move
 
@@ -781,7 +782,9 @@ cdef class Broadphase(TreeBase):
         """Stage 1 refreshes the fat partners of proxies with new fat boxes, stage 2 re-tests the tight
         boxes of every moved proxy against its partners; the flips are the events."""
         cdef int64_t m
+        cdef int32_t proxy
         cdef int status = 0
+        cdef Finder finder
         cdef Stack stack
         cdef Hits hits
         memset(&stack, 0, sizeof(Stack))
@@ -795,9 +798,21 @@ cdef class Broadphase(TreeBase):
         # Proxy numbers follow the tree's order after a build, so taking the moved proxies in
         # that order keeps consecutive queries on the same, cache-warm paths.
         sort_int32(self.moved, self.moved_count)
-        for m in range(self.moved_count):
-            if status == 0 and self.core.proxies[self.moved[m]].flags & PROXY_REFAT:
-                status = self._refresh_partners(self.moved[m], &stack, &hits, ended)
+        finder.t = &self.core
+        finder.groups = self.groups
+        finder.masks = self.masks
+        finder.grid = &self.grid
+        finder.sensors = self.sensor_count != 0
+        if self.threads > 1:
+            status = self._refresh_on_threads(&finder, &hits, ended)
+        else:
+            for m in range(self.moved_count):
+                proxy = self.moved[m]
+                if status == 0 and (self.core.proxies[proxy].flags & (PROXY_LIVE | PROXY_REFAT)) == (PROXY_LIVE | PROXY_REFAT):
+                    hits.count = 0
+                    status = find_partners(&finder, proxy, &stack, &hits)
+                    if status == 0:
+                        status = self._merge_partners(proxy, &hits, ended)
         stack_free(&stack)
         hits_free(&hits)
         # The moved sensors first, their flips on their partners' side gathered, then made with the
@@ -825,6 +840,37 @@ cdef class Broadphase(TreeBase):
             self.moved_count = 0
         return status
 
+    cdef int _refresh_on_threads(self, const Finder *finder, Hits *hits, PairBuffer *ended) noexcept nogil:
+        """Stage 1 with the partners found on the threads (find_all), then merged in the order one
+        thread merges them: finding reads only what merging leaves alone (the tree, the filters, the
+        grid), so the lists come out the same."""
+        cdef int32_t *refat = <int32_t *>malloc(max(self.moved_count, 1) * sizeof(int32_t))
+        cdef int64_t n = 0, m, k
+        cdef int status = 0
+        cdef const Hits *source
+        cdef Found found
+        memset(&found, 0, sizeof(Found))
+        if refat == NULL:
+            return -1
+        for m in range(self.moved_count):
+            if (self.core.proxies[self.moved[m]].flags & (PROXY_LIVE | PROXY_REFAT)) == (PROXY_LIVE | PROXY_REFAT):
+                refat[n] = self.moved[m]
+                n += 1
+        status = find_all(finder, refat, n, self.threads if n >= FIND_ON_THREADS_FROM else 1, &found)
+        for m in range(n):
+            if status != 0:
+                break
+            hits.count = 0
+            source = &found.hits[found.worker[m]]
+            for k in range(found.first[m], found.first[m] + found.count[m]):
+                if hits_push(hits, source.proxies[k], 0.0) != 0:
+                    status = -1
+            if status == 0:
+                status = self._merge_partners(refat[m], hits, ended)
+        found_free(&found)
+        free(refat)
+        return status
+
     cdef void _flip_partner_sides(self) noexcept nogil:
         """Flip the bits _retest_sensor gathered on the proxies' side of their pairs: each is a search in
         a list far from the last, so a list's header, then its entries, are fetched ahead."""
@@ -839,64 +885,18 @@ cdef class Broadphase(TreeBase):
             partners_find(&self.partners[self.flips[2 * f]], self.flips[2 * f + 1])[0] ^= TOUCHING
         self.flip_count = 0
 
-    cdef int _refresh_partners(self, int32_t proxy, Stack *stack, Hits *hits, PairBuffer *ended) noexcept nogil:
-        """Replace the partner list of a proxy with a new fat box by the proxies that box overlaps."""
+    cdef int _merge_partners(self, int32_t proxy, Hits *hits, PairBuffer *ended) noexcept nogil:
+        """Replace the partner list of a proxy with a new fat box by the partners found for it (`hits`,
+        from find_partners), and both sides' lists with it."""
         cdef TreeCore *t = &self.core
         cdef Partners *mine = &self.partners[proxy]
         cdef int32_t *items = items_of(mine)
-        cdef bint sensor = is_sensor(t, proxy), reach, ball
-        cdef double centre[3]
-        cdef double radius
+        cdef bint sensor = is_sensor(t, proxy)
         cdef double *budgets = budgets_of(mine) if sensor else NULL
-        cdef Query q
-        cdef int64_t h, kept = 0
+        cdef int64_t kept = hits.count
         cdef int32_t i = 0, j = 0, other, entry
-        cdef int status = 0, found
-        if (t.proxies[proxy].flags & PROXY_LIVE) == 0:
-            return 0
+        cdef int status = 0
         t.proxies[proxy].flags &= ~PROXY_REFAT
-        q.kind = QUERY_FAT_BOX
-        q.groups = NULL
-        # The walk leaves out the sensors' subtree: a sensor never pairs with one, and the grid finds
-        # them for the rest, unless the box is too large for its cells.
-        q.skip_flags = PROXY_SENSOR if self.sensor_count else 0
-        q.first_hit = False
-        memcpy(q.box, t.proxies[proxy].fat, sizeof(q.box))
-        hits.count = 0
-        if walk(t, &q, stack, hits) != 0:
-            return -1
-        found = 0
-        # The walk finds fat boxes that overlap; a sphere sensor's reach is smaller (see _sensors.pxd).
-        reach = sensor
-        ball = ((t.proxies[proxy].flags & PROXY_SENSOR_SPHERE) != 0
-                and reach_ball(t.proxies[proxy].fat, t.dims, centre, &radius))
-        if self.sensor_count and not sensor:
-            found = grid_find(&self.grid, t, q.box, hits)   # only sensors within reach
-            if found == 1:
-                q.skip_flags = 0
-                hits.count = 0
-                found = walk(t, &q, stack, hits)
-                reach = True
-            if found != 0:
-                return -1
-            found = 1
-        for h in range(hits.count):
-            other = hits.proxies[h]
-            if (other != proxy and listed_allowed(t, self.groups, self.masks, proxy, other)
-                    and (not reach or (ball_touches(centre, radius, t.proxies[other].fat, t.dims) if ball
-                                       else self._within_reach(proxy, other)))):
-                hits.proxies[kept] = other
-                kept += 1
-        sort_int32(hits.proxies, kept)
-        if found:
-            # A sensor the grid lists in several cells is found once per cell.
-            h = kept
-            kept = 0
-            for i in range(h):
-                if kept == 0 or hits.proxies[i] != hits.proxies[kept - 1]:
-                    hits.proxies[kept] = hits.proxies[i]
-                    kept += 1
-            i = 0
         # Merge old and new lists: the old entries keep their touching bit (and a sensor's, its
         # budgets, which the walk's unused fractions hold meanwhile); partners that left end their
         # pair if it was touching; new ones start untouched and untested (stage 2 decides).
@@ -932,17 +932,6 @@ cdef class Broadphase(TreeBase):
         if 0 <= self.listed_limit < self.listed:
             return FAT_LIMIT
         return 0
-
-    cdef inline bint _within_reach(self, int32_t a, int32_t b) noexcept nogil:
-        """Whether two proxies whose fat boxes overlap are partners: not when one is a sphere sensor
-        whose reach, a ball, the other's fat box misses (see _sensors.pxd)."""
-        cdef const Proxy *p = &self.core.proxies[a]
-        cdef const Proxy *q = &self.core.proxies[b]
-        if p.flags & PROXY_SENSOR_SPHERE:
-            return within_reach(p.fat, p.flags, q.fat, self.core.dims)
-        if q.flags & PROXY_SENSOR_SPHERE:
-            return within_reach(q.fat, q.flags, p.fat, self.core.dims)
-        return True
 
     cdef inline bint _sensor_partner(self, int32_t proxy, int32_t other) noexcept nogil:
         """Whether `other`, a partner of `proxy`, is a sensor: without reading its flags, a cache miss,
@@ -1243,7 +1232,7 @@ cdef class Broadphase(TreeBase):
                 elif settled and (entry & TOUCHING) != tight_overlap(t, proxy, other):
                     raise RuntimeError("dbvt invariant broken: a touching bit disagrees with the tight boxes")
                 if settled and not (boxes_overlap(t.proxies[proxy].fat, t.proxies[other].fat)
-                                    and self._within_reach(proxy, other)):
+                                    and reach_allows(&self.core, proxy, other)):
                     raise RuntimeError("dbvt invariant broken: listed partners are not within reach")
                 listed += 1
                 if not (is_sensor(t, proxy) or is_sensor(t, other)):
@@ -1278,7 +1267,7 @@ cdef class Broadphase(TreeBase):
                     raise MemoryError()
                 for h in range(hits.count):
                     if (hits.proxies[h] > proxy and listed_allowed(t, self.groups, self.masks, proxy, hits.proxies[h])
-                            and self._within_reach(proxy, hits.proxies[h])):
+                            and reach_allows(t, proxy, hits.proxies[h])):
                         count += 1
         finally:
             stack_free(&stack)
@@ -1304,7 +1293,7 @@ cdef class Broadphase(TreeBase):
             stale = self._move_proxy(proxy, tight)
             items = items_of(&self.partners[proxy])
             for k in range(self.partners[proxy].count):
-                stale = stale or not self._within_reach(proxy, items[k] >> 1)
+                stale = stale or not reach_allows(t, proxy, items[k] >> 1)
             if stale:
                 self._mark_moved(proxy, True)
         return 0

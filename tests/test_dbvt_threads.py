@@ -341,3 +341,39 @@ def test_a_bulk_build_and_a_rebuild_on_threads_make_the_same_tree(make, layout):
         structure.rebuild()
         built[threads] = (first, structure.to_bytes())
     assert built[2] == built[1] and built[3] == built[1]
+
+
+@pytest.mark.parametrize("dense", [False, True], ids=["w1", "w2"])
+def test_a_broadphase_on_threads_steps_as_one_thread(dense):
+    """Stage 1 of an update (finding the partners of proxies with new fat boxes) runs on the threads:
+    every update's pairs and sensor events, and the partner lists they leave, are those of one thread."""
+    from dbvt_server.bench.workload import make_w2
+
+    if dense:
+        work = make_w2(3000, 6, dims=2, seed=5)
+        ids, boxes, dims = work.ids, work.boxes, 2
+        steps = [(work.move_ids[s], work.move_boxes[s]) for s in range(6)]
+    else:
+        world = W1World(6000, 3, seed=23, moving_fraction=0.3)      # 1,800 moves: enough to cut
+        ids, boxes, dims = world.ids, world.boxes, 3
+        steps = [world.step() for _ in range(6)]
+    rng = np.random.default_rng(9)
+    centres = rng.uniform(boxes[:, :dims].min(0), boxes[:, dims:].max(0), size=(40, dims))
+    sensors = np.concatenate([centres - 6, centres + 6], axis=1).astype(np.float32)
+    sensor_ids = np.arange(10**9, 10**9 + 40, dtype=np.uint64)
+    worlds = [dbvt.Broadphase(dims=dims, sensor_margin=0.5, threads=threads) for threads in (1, 2, 3)]
+    for bp in worlds:
+        bp.create(ids, boxes)
+        bp.create(sensor_ids, sensors, sensor=np.where(np.arange(40) % 2, 1, 2).astype(np.uint8))
+    for moved_ids, moved_boxes in [(ids[:0], boxes[:0]), *steps]:      # the first: every proxy is new
+        sensors += np.float32(0.7)
+        answers = []
+        for bp in worlds:
+            bp.move(moved_ids, moved_boxes)
+            bp.move(sensor_ids, sensors)
+            answers.append([*bp.update(), *bp.sensor_events()])
+        for answer in answers[1:]:
+            for got, expected in zip(answer, answers[0]):
+                np.testing.assert_array_equal(got, expected)
+        assert worlds[1].to_bytes() == worlds[0].to_bytes() == worlds[2].to_bytes()
+    worlds[1].validate()

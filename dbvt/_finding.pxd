@@ -1,0 +1,42 @@
+# Finding a proxy's partners when its fat box changed: the first stage of an update, which only reads
+# the world, so threads may find the partners of different proxies at once (find_all); merging them
+# into the partner lists, which writes, stays on one thread (_broadphase.pyx). Functions returning
+# `int` return 0, or -1 when memory ran out.
+from libc.stdint cimport int32_t, int64_t, uint32_t
+
+from dbvt._core cimport PROXY_SENSOR_SPHERE, Hits, Stack, TreeCore
+from dbvt._sensors cimport SensorGrid, within_reach
+
+cdef enum:
+    FIND_CHUNK = 64                 # proxies a thread takes at a time
+    FIND_ON_THREADS_FROM = 512      # fewer proxies than this are found on the calling thread
+
+
+ctypedef struct Finder:             # what finding partners reads, and nothing writes meanwhile
+    const TreeCore *t
+    const uint32_t *groups          # per proxy slot
+    const uint32_t *masks
+    const SensorGrid *grid          # the sensors by cell; read only when `sensors`
+    bint sensors                    # the world has sensors
+
+ctypedef struct Found:              # the partners find_all found, a Hits a thread
+    Hits *hits                      # one a thread
+    int64_t *first                  # per proxy: where its partners start in its thread's hits...
+    int32_t *count                  # ...how many they are...
+    int32_t *worker                 # ...and which thread's hits hold them
+    int workers
+
+
+cdef inline bint reach_allows(const TreeCore *t, int32_t a, int32_t b) noexcept nogil:
+    """Whether two proxies whose fat boxes overlap are partners: not when one is a sphere sensor
+    whose reach, a ball, the other's fat box misses (see _sensors.pxd)."""
+    if t.proxies[a].flags & PROXY_SENSOR_SPHERE:
+        return within_reach(t.proxies[a].fat, t.proxies[a].flags, t.proxies[b].fat, t.dims)
+    if t.proxies[b].flags & PROXY_SENSOR_SPHERE:
+        return within_reach(t.proxies[b].fat, t.proxies[b].flags, t.proxies[a].fat, t.dims)
+    return True
+
+
+cdef int find_partners(const Finder *f, int32_t proxy, Stack *stack, Hits *hits) noexcept nogil
+cdef int find_all(const Finder *f, const int32_t *proxies, int64_t n, int threads, Found *out) noexcept nogil
+cdef void found_free(Found *found) noexcept nogil

@@ -1,0 +1,130 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False, cdivision=True
+"""Finding partners (see _finding.pxd). Every proxy's answer depends on the world and the proxy alone,
+and comes out sorted, so the answers found on several threads are the ones one thread finds."""
+from libc.stdlib cimport calloc, free, malloc
+from libc.string cimport memcpy, memset
+
+from dbvt._batch cimport sort_int32
+from dbvt._core cimport PROXY_SENSOR, QUERY_FAT_BOX, Query, hits_free, listed_allowed, stack_free, walk
+from dbvt._parallel cimport counter_get, counter_set, counter_take, dbvt_counter, run_parts
+from dbvt._sensors cimport ball_touches, grid_find, reach_ball
+
+
+cdef int find_partners(const Finder *f, int32_t proxy, Stack *stack, Hits *hits) noexcept nogil:
+    """Append to `hits` the partners of `proxy`'s fat box: the proxies whose fat boxes it overlaps
+    (within reach, when either is a sphere sensor) and that may pair with it, sorted, each once."""
+    cdef const TreeCore *t = f.t
+    cdef bint sensor = (t.proxies[proxy].flags & PROXY_SENSOR) != 0, reach, ball, grid = False
+    cdef double centre[3]
+    cdef double radius
+    cdef Query q
+    cdef int64_t start = hits.count, h, i, kept = hits.count
+    cdef int32_t other
+    cdef int found
+    q.kind = QUERY_FAT_BOX
+    q.groups = NULL
+    # The walk leaves out the sensors' subtree: a sensor never pairs with one, and the grid finds
+    # them for the rest, unless the box is too large for its cells.
+    q.skip_flags = PROXY_SENSOR if f.sensors else 0
+    q.first_hit = False
+    memcpy(q.box, t.proxies[proxy].fat, sizeof(q.box))
+    if walk(t, &q, stack, hits) != 0:
+        return -1
+    # The walk finds fat boxes that overlap; a sphere sensor's reach is smaller (see _sensors.pxd).
+    reach = sensor
+    ball = ((t.proxies[proxy].flags & PROXY_SENSOR_SPHERE) != 0
+            and reach_ball(t.proxies[proxy].fat, t.dims, centre, &radius))
+    if f.sensors and not sensor:
+        found = grid_find(f.grid, t, q.box, hits)   # only sensors within reach
+        if found == 1:
+            q.skip_flags = 0
+            hits.count = start
+            found = walk(t, &q, stack, hits)
+            reach = True
+        if found != 0:
+            return -1
+        grid = True
+    for h in range(start, hits.count):
+        other = hits.proxies[h]
+        if (other != proxy and listed_allowed(t, f.groups, f.masks, proxy, other)
+                and (not reach or (ball_touches(centre, radius, t.proxies[other].fat, t.dims) if ball
+                                   else reach_allows(t, proxy, other)))):
+            hits.proxies[kept] = other
+            kept += 1
+    sort_int32(hits.proxies + start, kept - start)
+    if grid:
+        # A sensor the grid lists in several cells is found once per cell.
+        h = kept
+        kept = start
+        for i in range(start, h):
+            if kept == start or hits.proxies[i] != hits.proxies[kept - 1]:
+                hits.proxies[kept] = hits.proxies[i]
+                kept += 1
+    hits.count = kept
+    return 0
+
+
+ctypedef struct FindJob:
+    const Finder *f
+    const int32_t *proxies
+    int64_t n
+    Found *out
+    Stack *stacks                   # one a thread
+    dbvt_counter next               # the next chunk to take
+    dbvt_counter failed
+
+
+cdef void find_worker(void *context, int worker) noexcept nogil:
+    cdef FindJob *job = <FindJob *>context
+    cdef Hits *hits = &job.out.hits[worker]
+    cdef int64_t start, i
+    while not counter_get(&job.failed):
+        start = <int64_t>counter_take(&job.next) * FIND_CHUNK
+        if start >= job.n:
+            return
+        for i in range(start, min(start + FIND_CHUNK, job.n)):
+            job.out.first[i] = hits.count
+            job.out.worker[i] = worker
+            if find_partners(job.f, job.proxies[i], &job.stacks[worker], hits) != 0:
+                counter_set(&job.failed, 1)
+                return
+            job.out.count[i] = <int32_t>(hits.count - job.out.first[i])
+
+
+cdef int find_all(const Finder *f, const int32_t *proxies, int64_t n, int threads, Found *out) noexcept nogil:
+    """The partners of each of `proxies` into `out` (empty), on up to `threads` threads, in chunks of
+    FIND_CHUNK proxies that the threads take in turn (a thread slowed by other work takes fewer)."""
+    cdef FindJob job
+    cdef int i
+    out.workers = <int>max(1, min(<int64_t>threads, n // FIND_CHUNK))
+    out.hits = <Hits *>calloc(out.workers, sizeof(Hits))
+    out.first = <int64_t *>malloc(max(n, 1) * sizeof(int64_t))
+    out.count = <int32_t *>malloc(max(n, 1) * sizeof(int32_t))
+    out.worker = <int32_t *>malloc(max(n, 1) * sizeof(int32_t))
+    job.stacks = <Stack *>calloc(out.workers, sizeof(Stack))
+    if out.hits == NULL or out.first == NULL or out.count == NULL or out.worker == NULL or job.stacks == NULL:
+        free(job.stacks)
+        return -1
+    job.f = f
+    job.proxies = proxies
+    job.n = n
+    job.out = out
+    counter_set(&job.next, 0)
+    counter_set(&job.failed, 0)
+    run_parts(find_worker, &job, out.workers)
+    for i in range(out.workers):
+        stack_free(&job.stacks[i])
+    free(job.stacks)
+    return -1 if counter_get(&job.failed) else 0
+
+
+cdef void found_free(Found *found) noexcept nogil:
+    cdef int i
+    if found.hits != NULL:
+        for i in range(found.workers):
+            hits_free(&found.hits[i])
+    free(found.hits)
+    free(found.first)
+    free(found.count)
+    free(found.worker)
+    memset(found, 0, sizeof(Found))
