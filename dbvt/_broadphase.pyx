@@ -33,7 +33,13 @@ from dbvt._core cimport (
     box_contains, boxes_overlap, clamp_finite, core_move, core_place, core_remove, core_reserve, core_set_sensor, hits_free,
     hits_push, listed_allowed, load_box, pair_allowed, prefetch, stack_free, walk,
 )
-from dbvt._finding cimport FIND_ON_THREADS_FROM, Finder, Found, find_all, find_partners, found_free, reach_allows
+from dbvt._finding cimport (
+    FIND_ON_THREADS_FROM, Finder, Found, Retest, Retests, find_all, find_partners, found_free, reach_allows, retest_all,
+    retests_free,
+)
+from dbvt._partners cimport (
+    INLINE_PARTNERS, TOUCHING, Partners, budgets_of, items_of, partners_find, partners_place, tight_overlap,
+)
 from dbvt._sensors cimport (
     ROUNDING, SensorGrid, Shape, ball_holds, grid_build, grid_free, grid_init, grid_list_sensors, move_drift, reach_cube,
     shape_of, shape_touches,
@@ -52,8 +58,6 @@ cdef enum:
     # refreshing a sensor's partners (a walk and a merge of hundreds) costs far more than carrying
     # the few more partners of a longer box, most of which its budgets pass over.
     SENSOR_PREDICTION_STEPS = 8
-    TOUCHING = 1                    # the tight boxes overlap: the pair exists for the user
-    INLINE_PARTNERS = 2
     FAT_LIMIT = 2                   # a status: update(max_fat_pairs=...) stopped at its limit
 
 
@@ -82,27 +86,6 @@ class FatPairLimit(Exception):
     """update(max_fat_pairs=...) stopped: the fat boxes' pairs passed the limit."""
 
 
-# A proxy's partners are entries (partner proxy << 1) | TOUCHING, ascending by partner. Most proxies
-# have at most two (W1: 90%), so up to INLINE_PARTNERS entries live in the list's header itself,
-# where a heap list's pointer would be: no allocation, and one cache miss fewer per list read.
-ctypedef union PartnerEntries:      # 8 bytes
-    int32_t *heap                   # capacity > INLINE_PARTNERS: the entries, malloc'd
-    int32_t local[INLINE_PARTNERS]  # capacity == INLINE_PARTNERS: the entries themselves
-
-ctypedef struct Partners:           # one proxy's fat-box partners: 16 bytes
-    PartnerEntries entries          # 8
-    int32_t count                   # 4
-    int32_t capacity                # 4: INLINE_PARTNERS while the entries are in `entries.local`
-
-
-cdef inline int32_t *items_of(const Partners *p) noexcept nogil:
-    """A list's entries. Inline ones are inside the Partners array: this pointer is stale once that
-    array grows (_reserve) or the list outgrows its header (partners_reserve)."""
-    if p.capacity == INLINE_PARTNERS:
-        return <int32_t *>p.entries.local
-    return p.entries.heap
-
-
 cdef inline bint is_sensor(const TreeCore *t, int32_t proxy) noexcept nogil:
     return (t.proxies[proxy].flags & PROXY_SENSOR) != 0
 
@@ -122,40 +105,6 @@ cdef inline void grow_outward(const float *box, float *out, double grow, int32_t
             high = nextafterf(high, INFINITY)
         out[i] = clamp_finite(low)
         out[i + 3] = clamp_finite(high)
-
-
-cdef inline bint tight_overlap(const TreeCore *t, int32_t a, int32_t b) noexcept nogil:
-    return boxes_overlap(t.proxies[a].tight, t.proxies[b].tight)
-
-
-cdef inline int32_t partners_place(const int32_t *items, int32_t count, int32_t other) noexcept nogil:
-    """Where `other`'s entry is or would go in a sorted list (binary search)."""
-    cdef int32_t lo = 0, hi = count, mid
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if (items[mid] >> 1) < other:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
-
-
-cdef inline int32_t *partners_find(const Partners *p, int32_t other) noexcept nogil:
-    """The entry for `other`, or NULL."""
-    cdef int32_t *items = items_of(p)
-    cdef int32_t lo = partners_place(items, p.count, other)
-    if lo < p.count and (items[lo] >> 1) == other:
-        return &items[lo]
-    return NULL
-
-
-cdef inline double *budgets_of(const Partners *p) noexcept nogil:
-    """A sensor's heap list keeps, after its `capacity` entries, a budget per entry: while the
-    sensor's drift plus the partner's stays below it, the pair's decision cannot change (see
-    _retest_sensor). Only for a sensor's list; an inline one has none (NULL)."""
-    if p.capacity == INLINE_PARTNERS:
-        return NULL
-    return <double *>(p.entries.heap + p.capacity)
 
 
 cdef inline double budget(double slack, double sensor_drift, double partner_drift) noexcept nogil:
@@ -830,10 +779,14 @@ cdef class Broadphase(TreeBase):
             if status == 0:
                 status = self._retest(<int32_t>self.by_id.pairs[m].b, begun, ended)
         self._flip_partner_sides()
-        for m in range(self.moved_count):
-            prefetch_partners(&self.core, self.partners, self.moved, m, self.moved_count)
+        if self.threads > 1 and self.moved_count >= FIND_ON_THREADS_FROM:
             if status == 0:
-                status = self._retest(self.moved[m], begun, ended)
+                status = self._retest_on_threads(begun, ended)
+        else:
+            for m in range(self.moved_count):
+                prefetch_partners(&self.core, self.partners, self.moved, m, self.moved_count)
+                if status == 0:
+                    status = self._retest(self.moved[m], begun, ended)
         for m in range(self.moved_count):
             self.core.proxies[self.moved[m]].flags &= ~PROXY_SEEN
         if status == 0:
@@ -869,6 +822,49 @@ cdef class Broadphase(TreeBase):
                 status = self._merge_partners(refat[m], hits, ended)
         found_free(&found)
         free(refat)
+        return status
+
+    cdef int _retest_on_threads(self, PairBuffer *begun, PairBuffer *ended) noexcept nogil:
+        """Stage 2 for the moved proxies that are no sensors, with the changes found on the threads
+        (retest_all), made in the order one thread makes them (see _retest)."""
+        cdef TreeCore *t = &self.core
+        cdef int32_t *plain = <int32_t *>malloc(max(self.moved_count, 1) * sizeof(int32_t))
+        cdef int64_t n = 0, m, c, r
+        cdef int32_t proxy, other
+        cdef int32_t *entry
+        cdef const Retest *change
+        cdef bint now
+        cdef int status = 0
+        cdef Retests found
+        memset(&found, 0, sizeof(Retests))
+        if plain == NULL:
+            return -1
+        for m in range(self.moved_count):       # ascending: a proxy listed twice is taken once
+            proxy = self.moved[m]
+            if ((t.proxies[proxy].flags & (PROXY_LIVE | PROXY_MOVED)) == (PROXY_LIVE | PROXY_MOVED)
+                    and not is_sensor(t, proxy) and (n == 0 or plain[n - 1] != proxy)):
+                plain[n] = proxy
+                n += 1
+        status = retest_all(t, self.partners, plain, n, self.threads, &found)
+        for m in range(n):
+            t.proxies[plain[m]].flags = (t.proxies[plain[m]].flags & ~PROXY_MOVED) | PROXY_SEEN
+        for c in range(found.chunks if status == 0 else 0):
+            for r in range(found.chunk_first[c], found.chunk_first[c] + found.chunk_count[c]):
+                change = &found.found[found.chunk_worker[c]][r]
+                entry = &items_of(&self.partners[change.proxy])[change.entry]
+                other = entry[0] >> 1
+                if status != 0:
+                    break
+                if change.visit:
+                    status = self._visit_sensor(other, change.proxy, entry)
+                    continue
+                now = (entry[0] & TOUCHING) == 0
+                entry[0] ^= TOUCHING
+                partners_find(&self.partners[other], change.proxy)[0] ^= TOUCHING
+                self.touching += 1 if now else -1
+                status = pairs_push(begun if now else ended, t.proxies[change.proxy].id, t.proxies[other].id)
+        retests_free(&found)
+        free(plain)
         return status
 
     cdef void _flip_partner_sides(self) noexcept nogil:

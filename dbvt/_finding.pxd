@@ -1,15 +1,17 @@
-# Finding a proxy's partners when its fat box changed: the first stage of an update, which only reads
-# the world, so threads may find the partners of different proxies at once (find_all); merging them
-# into the partner lists, which writes, stays on one thread (_broadphase.pyx). Functions returning
-# `int` return 0, or -1 when memory ran out.
+# Finding what an update must change, on threads: the partners of proxies whose fat boxes changed
+# (stage 1, find_all) and the pairs of moved proxies whose touching bit flips (stage 2, retest_all).
+# Both only read the world, so threads may take different proxies at once; making the changes, which
+# writes the partner lists, stays on one thread, in the order one thread takes them (_broadphase.pyx).
+# Functions returning `int` return 0, or -1 when memory ran out.
 from libc.stdint cimport int32_t, int64_t, uint32_t
 
 from dbvt._core cimport PROXY_SENSOR_SPHERE, Hits, Stack, TreeCore
+from dbvt._partners cimport Partners
 from dbvt._sensors cimport SensorGrid, within_reach
 
 cdef enum:
     FIND_CHUNK = 64                 # proxies a thread takes at a time
-    FIND_ON_THREADS_FROM = 512      # fewer proxies than this are found on the calling thread
+    FIND_ON_THREADS_FROM = 512      # for fewer proxies than this, the calling thread finds alone
 
 
 ctypedef struct Finder:             # what finding partners reads, and nothing writes meanwhile
@@ -40,3 +42,24 @@ cdef inline bint reach_allows(const TreeCore *t, int32_t a, int32_t b) noexcept 
 cdef int find_partners(const Finder *f, int32_t proxy, Stack *stack, Hits *hits) noexcept nogil
 cdef int find_all(const Finder *f, const int32_t *proxies, int64_t n, int threads, Found *out) noexcept nogil
 cdef void found_free(Found *found) noexcept nogil
+
+
+ctypedef struct Retest:             # a change stage 2 found, for one thread to make
+    int32_t proxy                   # a moved proxy...
+    int32_t entry                   # ...and the entry of its list whose pair...
+    int32_t visit                   # ...flips (0), or is a sensor's that one thread re-tests (1)
+
+ctypedef struct Retests:            # what retest_all found: each chunk's changes, in one thread's buffer
+    Retest **found                  # a buffer a thread
+    int64_t *found_count
+    int64_t *found_capacity
+    int64_t *chunk_first            # per chunk of FIND_CHUNK moved proxies: its first change...
+    int64_t *chunk_count            # ...how many...
+    int32_t *chunk_worker           # ...and whose buffer holds them
+    int64_t chunks
+    int workers
+
+
+cdef int retest_all(const TreeCore *t, const Partners *partners, const int32_t *moved, int64_t n, int threads,
+                    Retests *out) noexcept nogil
+cdef void retests_free(Retests *retests) noexcept nogil

@@ -1,11 +1,15 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False, cdivision=True
-"""Finding partners (see _finding.pxd). Every proxy's answer depends on the world and the proxy alone,
-and comes out sorted, so the answers found on several threads are the ones one thread finds."""
-from libc.stdlib cimport calloc, free, malloc
+"""Finding what an update must change (see _finding.pxd). Every proxy's answer depends on the world and
+the proxy alone, and comes out in order, so the answers found on several threads are one thread's."""
+from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcpy, memset
 
 from dbvt._batch cimport sort_int32
-from dbvt._core cimport PROXY_SENSOR, QUERY_FAT_BOX, Query, hits_free, listed_allowed, stack_free, walk
+from dbvt._core cimport (
+    PREFETCH_AHEAD, PROXY_MOVED, PROXY_SEEN, PROXY_SENSOR, QUERY_FAT_BOX, Query, hits_free, listed_allowed, prefetch,
+    stack_free, walk,
+)
+from dbvt._partners cimport TOUCHING, items_of, tight_overlap
 from dbvt._parallel cimport counter_get, counter_set, counter_take, dbvt_counter, run_parts
 from dbvt._sensors cimport ball_touches, grid_find, reach_ball
 
@@ -128,3 +132,114 @@ cdef void found_free(Found *found) noexcept nogil:
     free(found.count)
     free(found.worker)
     memset(found, 0, sizeof(Found))
+
+
+ctypedef struct RetestJob:
+    const TreeCore *t
+    const Partners *partners
+    const int32_t *moved
+    int64_t n
+    Retests *out
+    dbvt_counter next
+    dbvt_counter failed
+
+
+cdef int found_push(Retests *out, int worker, int32_t proxy, int32_t entry, int32_t visit) noexcept nogil:
+    cdef int64_t capacity
+    cdef Retest *grown
+    if out.found_count[worker] == out.found_capacity[worker]:
+        capacity = max(<int64_t>256, 2 * out.found_capacity[worker])
+        grown = <Retest *>realloc(out.found[worker], capacity * sizeof(Retest))
+        if grown == NULL:
+            return -1
+        out.found[worker] = grown
+        out.found_capacity[worker] = capacity
+    out.found[worker][out.found_count[worker]].proxy = proxy
+    out.found[worker][out.found_count[worker]].entry = entry
+    out.found[worker][out.found_count[worker]].visit = visit
+    out.found_count[worker] += 1
+    return 0
+
+
+cdef int retest_one(const RetestJob *job, int worker, int32_t proxy) noexcept nogil:
+    """A moved proxy's partners, as _broadphase's _retest takes them on one thread: a pair of two moved
+    proxies is tested by the lower-numbered (the one that thread takes first), and a moved sensor has
+    decided its own pairs already (PROXY_SEEN)."""
+    cdef const TreeCore *t = job.t
+    cdef const Partners *mine = &job.partners[proxy]
+    cdef const int32_t *items = items_of(mine)
+    cdef int32_t k, other
+    cdef uint32_t flags
+    for k in range(mine.count):
+        if k + PREFETCH_AHEAD < mine.count:
+            prefetch(&t.proxies[items[k + PREFETCH_AHEAD] >> 1])
+        other = items[k] >> 1
+        flags = t.proxies[other].flags
+        if flags & PROXY_SENSOR:
+            if not (flags & PROXY_SEEN) and found_push(job.out, worker, proxy, k, 1) != 0:
+                return -1
+        elif flags & PROXY_MOVED and other < proxy:
+            continue
+        elif tight_overlap(t, proxy, other) != (items[k] & TOUCHING) and found_push(job.out, worker, proxy, k, 0) != 0:
+            return -1
+    return 0
+
+
+cdef void retest_worker(void *context, int worker) noexcept nogil:
+    cdef RetestJob *job = <RetestJob *>context
+    cdef Retests *out = job.out
+    cdef int64_t chunk, i
+    while not counter_get(&job.failed):
+        chunk = counter_take(&job.next)
+        if chunk >= out.chunks:
+            return
+        out.chunk_worker[chunk] = worker
+        out.chunk_first[chunk] = out.found_count[worker]
+        for i in range(chunk * FIND_CHUNK, min((chunk + 1) * FIND_CHUNK, job.n)):
+            if i + PREFETCH_AHEAD < job.n:
+                prefetch(&job.partners[job.moved[i + PREFETCH_AHEAD]])
+            if retest_one(job, worker, job.moved[i]) != 0:
+                counter_set(&job.failed, 1)
+                return
+        out.chunk_count[chunk] = out.found_count[worker] - out.chunk_first[chunk]
+
+
+cdef int retest_all(const TreeCore *t, const Partners *partners, const int32_t *moved, int64_t n, int threads,
+                    Retests *out) noexcept nogil:
+    """Stage 2's changes for `moved` (live proxies that are no sensors, ascending, each once) into `out`
+    (empty), chunk by chunk: flips and sensors' pairs to re-test, in the order one thread meets them."""
+    cdef RetestJob job
+    out.chunks = (n + FIND_CHUNK - 1) // FIND_CHUNK
+    out.workers = <int>max(1, min(<int64_t>threads, out.chunks))
+    out.found = <Retest **>calloc(out.workers, sizeof(Retest *))
+    out.found_count = <int64_t *>calloc(out.workers, sizeof(int64_t))
+    out.found_capacity = <int64_t *>calloc(out.workers, sizeof(int64_t))
+    out.chunk_first = <int64_t *>malloc(max(out.chunks, 1) * sizeof(int64_t))
+    out.chunk_count = <int64_t *>malloc(max(out.chunks, 1) * sizeof(int64_t))
+    out.chunk_worker = <int32_t *>malloc(max(out.chunks, 1) * sizeof(int32_t))
+    if (out.found == NULL or out.found_count == NULL or out.found_capacity == NULL or out.chunk_first == NULL
+            or out.chunk_count == NULL or out.chunk_worker == NULL):
+        return -1
+    job.t = t
+    job.partners = partners
+    job.moved = moved
+    job.n = n
+    job.out = out
+    counter_set(&job.next, 0)
+    counter_set(&job.failed, 0)
+    run_parts(retest_worker, &job, out.workers)
+    return -1 if counter_get(&job.failed) else 0
+
+
+cdef void retests_free(Retests *retests) noexcept nogil:
+    cdef int i
+    if retests.found != NULL:
+        for i in range(retests.workers):
+            free(retests.found[i])
+    free(retests.found)
+    free(retests.found_count)
+    free(retests.found_capacity)
+    free(retests.chunk_first)
+    free(retests.chunk_count)
+    free(retests.chunk_worker)
+    memset(retests, 0, sizeof(Retests))

@@ -345,8 +345,9 @@ def test_a_bulk_build_and_a_rebuild_on_threads_make_the_same_tree(make, layout):
 
 @pytest.mark.parametrize("dense", [False, True], ids=["w1", "w2"])
 def test_a_broadphase_on_threads_steps_as_one_thread(dense):
-    """Stage 1 of an update (finding the partners of proxies with new fat boxes) runs on the threads:
-    every update's pairs and sensor events, and the partner lists they leave, are those of one thread."""
+    """Both stages of an update run on the threads (finding the partners of proxies with new fat boxes,
+    then the pairs that flip): every update's pairs and sensor events, and the partner lists they
+    leave, are those of one thread."""
     from dbvt_server.bench.workload import make_w2
 
     if dense:
@@ -365,12 +366,14 @@ def test_a_broadphase_on_threads_steps_as_one_thread(dense):
     for bp in worlds:
         bp.create(ids, boxes)
         bp.create(sensor_ids, sensors, sensor=np.where(np.arange(40) % 2, 1, 2).astype(np.uint8))
-    for moved_ids, moved_boxes in [(ids[:0], boxes[:0]), *steps]:      # the first: every proxy is new
-        sensors += np.float32(0.7)
+    for step, (moved_ids, moved_boxes) in enumerate([(ids[:0], boxes[:0]), *steps]):     # at first all are new
+        still = step % 2 == 0        # the moved proxies re-test standing sensors themselves
+        if not still:
+            sensors += np.float32(0.7)
         answers = []
         for bp in worlds:
             bp.move(moved_ids, moved_boxes)
-            bp.move(sensor_ids, sensors)
+            bp.move(sensor_ids[:0] if still else sensor_ids, sensors[:0] if still else sensors)
             answers.append([*bp.update(), *bp.sensor_events()])
         for answer in answers[1:]:
             for got, expected in zip(answer, answers[0]):

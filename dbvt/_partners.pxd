@@ -1,0 +1,65 @@
+# A proxy's partner list: the proxies whose fat boxes overlap its own (within reach, for a sensor's
+# pairs), each entry marking whether the pair touches. The broadphase keeps one per proxy slot and
+# changes them (_broadphase.pyx); finding what an update changes reads them on threads (_finding.pyx).
+from libc.stdint cimport int32_t
+
+from dbvt._core cimport TreeCore, boxes_overlap
+
+cdef enum:
+    TOUCHING = 1                    # the tight boxes overlap: the pair exists for the user
+    INLINE_PARTNERS = 2
+
+
+# A proxy's partners are entries (partner proxy << 1) | TOUCHING, ascending by partner. Most proxies
+# have at most two (W1: 90%), so up to INLINE_PARTNERS entries live in the list's header itself,
+# where a heap list's pointer would be: no allocation, and one cache miss fewer per list read.
+ctypedef union PartnerEntries:      # 8 bytes
+    int32_t *heap                   # capacity > INLINE_PARTNERS: the entries, malloc'd
+    int32_t local[INLINE_PARTNERS]  # capacity == INLINE_PARTNERS: the entries themselves
+
+ctypedef struct Partners:           # one proxy's fat-box partners: 16 bytes
+    PartnerEntries entries          # 8
+    int32_t count                   # 4
+    int32_t capacity                # 4: INLINE_PARTNERS while the entries are in `entries.local`
+
+
+cdef inline int32_t *items_of(const Partners *p) noexcept nogil:
+    """A list's entries. Inline ones are inside the Partners array: this pointer is stale once that
+    array grows (_reserve) or the list outgrows its header (partners_reserve)."""
+    if p.capacity == INLINE_PARTNERS:
+        return <int32_t *>p.entries.local
+    return p.entries.heap
+
+
+cdef inline bint tight_overlap(const TreeCore *t, int32_t a, int32_t b) noexcept nogil:
+    return boxes_overlap(t.proxies[a].tight, t.proxies[b].tight)
+
+
+cdef inline int32_t partners_place(const int32_t *items, int32_t count, int32_t other) noexcept nogil:
+    """Where `other`'s entry is or would go in a sorted list (binary search)."""
+    cdef int32_t lo = 0, hi = count, mid
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if (items[mid] >> 1) < other:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+cdef inline int32_t *partners_find(const Partners *p, int32_t other) noexcept nogil:
+    """The entry for `other`, or NULL."""
+    cdef int32_t *items = items_of(p)
+    cdef int32_t lo = partners_place(items, p.count, other)
+    if lo < p.count and (items[lo] >> 1) == other:
+        return &items[lo]
+    return NULL
+
+
+cdef inline double *budgets_of(const Partners *p) noexcept nogil:
+    """A sensor's heap list keeps, after its `capacity` entries, a budget per entry: while the
+    sensor's drift plus the partner's stays below it, the pair's decision cannot change (see
+    _retest_sensor). Only for a sensor's list; an inline one has none (NULL)."""
+    if p.capacity == INLINE_PARTNERS:
+        return NULL
+    return <double *>(p.entries.heap + p.capacity)
