@@ -145,3 +145,11 @@ def test_routing_times_a_routed_call_and_a_rebalance(capsys):
                  "rebalance of 3 worlds of 50 proxies onto a fourth server: median ",
                  "export and import alone (the floor): median "):
         assert line in out
+
+
+def test_steps_compares_threads_with_one_and_checks_the_answers(capsys):
+    code, out, _ = run_main(capsys, ["steps", "--large", "3000", "--dense", "2000", "--steps", "2", "--repeat", "1"])
+    assert code == 0
+    for name in ("W1 at 3000", "W2 2-D at 2000", "W2 3-D at 2000"):
+        assert f"{name}: step on 2 threads / on 1: median" in out
+    assert "the same on both: OK" in out

@@ -12,6 +12,7 @@
     dbvt-bench sensors [DIR] [--sensors S] [--radius R] ...    moving sensors, watcher latency, many watchers
     dbvt-bench routing [--calls C] [--worlds W] ...            a routed call's cost, and a rebalance's speed
     dbvt-bench insert [--n N] [--large L] [--repeat R]         insertion at 100k beside 1M
+    dbvt-bench steps [--large L] [--dense D] [--threads T] ... a step on threads against one, W1 and W2
 
 A benchmark given no DIR makes W1 data first, in a temporary directory, so a fresh clone needs
 nothing else. Every command prints its command line, the machine and the load average first, and
@@ -22,7 +23,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dbvt_server.bench import console, core, insert, paired, persist, queries, routing, sensors, wire, workload
+from dbvt_server.bench import console, core, insert, paired, persist, queries, routing, sensors, steps, wire, workload
 
 COMMANDS = {
     "workload": (workload, "make W1 or W2 data with its exact answers (expected.json)"),
@@ -35,6 +36,7 @@ COMMANDS = {
     "persist": (persist, "W1's streamed step with a data directory, restart time, snapshot time and size"),
     "sensors": (sensors, "W1 with moving sphere sensors: the step, a watcher's latency, 8 watchers against 1"),
     "insert": (insert, "one-at-a-time insertion and the bulk build, W1 at 100k beside 1M"),
+    "steps": (steps, "a broadphase step on threads against one: W1 at 1M, W2 (2-D and 3-D) at 100k"),
     "routing": (routing, "a routed client's cost per call beyond a direct one, and a rebalance's proxies a second"),
 }
 
