@@ -830,7 +830,7 @@ cdef class Broadphase(TreeBase):
         cdef TreeCore *t = &self.core
         cdef int32_t *plain = <int32_t *>malloc(max(self.moved_count, 1) * sizeof(int32_t))
         cdef int64_t n = 0, m, c, r
-        cdef int32_t proxy, other
+        cdef int32_t proxy, other, last
         cdef int32_t *entry
         cdef const Retest *change
         cdef bint now
@@ -846,15 +846,17 @@ cdef class Broadphase(TreeBase):
                 plain[n] = proxy
                 n += 1
         status = retest_all(t, self.partners, plain, n, self.threads, &found)
-        for m in range(n):
-            t.proxies[plain[m]].flags = (t.proxies[plain[m]].flags & ~PROXY_MOVED) | PROXY_SEEN
+        # As _retest marks each proxy as it starts it: after a failure, those after it are left
+        # moved, for the next update to re-test.
+        last = -1
         for c in range(found.chunks if status == 0 else 0):
             for r in range(found.chunk_first[c], found.chunk_first[c] + found.chunk_count[c]):
+                if status != 0:
+                    break
                 change = &found.found[found.chunk_worker[c]][r]
                 entry = &items_of(&self.partners[change.proxy])[change.entry]
                 other = entry[0] >> 1
-                if status != 0:
-                    break
+                last = change.proxy
                 if change.visit:
                     status = self._visit_sensor(other, change.proxy, entry)
                     continue
@@ -863,6 +865,11 @@ cdef class Broadphase(TreeBase):
                 partners_find(&self.partners[other], change.proxy)[0] ^= TOUCHING
                 self.touching += 1 if now else -1
                 status = pairs_push(begun if now else ended, t.proxies[change.proxy].id, t.proxies[other].id)
+        if status == 0 and n:
+            last = plain[n - 1]
+        for m in range(n):
+            if plain[m] <= last:
+                t.proxies[plain[m]].flags = (t.proxies[plain[m]].flags & ~PROXY_MOVED) | PROXY_SEEN
         retests_free(&found)
         free(plain)
         return status
