@@ -34,8 +34,8 @@ from dbvt._core cimport (
     hits_push, listed_allowed, load_box, pair_allowed, prefetch, stack_free, walk,
 )
 from dbvt._finding cimport (
-    FIND_ON_THREADS_FROM, Finder, Found, Retest, Retests, find_all, find_partners, found_free, reach_allows, retest_all,
-    retests_free,
+    FIND_ON_THREADS_FROM, UNCHANGED, Finder, Found, Retest, Retests, find_all, find_partners, found_free, reach_allows,
+    retest_all, retests_free,
 )
 from dbvt._partners cimport (
     INLINE_PARTNERS, TOUCHING, Partners, budgets_of, items_of, partners_find, partners_place, tight_overlap,
@@ -809,10 +809,16 @@ cdef class Broadphase(TreeBase):
             if (self.core.proxies[self.moved[m]].flags & (PROXY_LIVE | PROXY_REFAT)) == (PROXY_LIVE | PROXY_REFAT):
                 refat[n] = self.moved[m]
                 n += 1
-        status = find_all(finder, refat, n, self.threads if n >= FIND_ON_THREADS_FROM else 1, &found)
+        status = find_all(finder, self.partners, refat, n, self.threads if n >= FIND_ON_THREADS_FROM else 1, &found)
         for m in range(n):
             if status != 0:
                 break
+            if found.count[m] == UNCHANGED:
+                # What _merge_partners does with the list it holds already.
+                self.core.proxies[refat[m]].flags &= ~PROXY_REFAT
+                if 0 <= self.listed_limit < self.listed:
+                    status = FAT_LIMIT
+                continue
             hits.count = 0
             source = &found.hits[found.worker[m]]
             for k in range(found.first[m], found.first[m] + found.count[m]):

@@ -12,6 +12,7 @@ from dbvt._sensors cimport SensorGrid, within_reach
 cdef enum:
     FIND_CHUNK = 64                 # proxies a thread takes at a time
     FIND_ON_THREADS_FROM = 512      # for fewer proxies than this, the calling thread finds alone
+    UNCHANGED = -1                  # Found.count of a proxy whose list holds its partners already
 
 
 ctypedef struct Finder:             # what finding partners reads, and nothing writes meanwhile
@@ -24,7 +25,7 @@ ctypedef struct Finder:             # what finding partners reads, and nothing w
 ctypedef struct Found:              # the partners find_all found, a Hits a thread
     Hits *hits                      # one a thread
     int64_t *first                  # per proxy: where its partners start in its thread's hits...
-    int32_t *count                  # ...how many they are...
+    int32_t *count                  # ...how many they are (UNCHANGED: as its list holds them)...
     int32_t *worker                 # ...and which thread's hits hold them
     int workers
 
@@ -40,7 +41,8 @@ cdef inline bint reach_allows(const TreeCore *t, int32_t a, int32_t b) noexcept 
 
 
 cdef int find_partners(const Finder *f, int32_t proxy, Stack *stack, Hits *hits) noexcept nogil
-cdef int find_all(const Finder *f, const int32_t *proxies, int64_t n, int threads, Found *out) noexcept nogil
+cdef int find_all(const Finder *f, const Partners *partners, const int32_t *proxies, int64_t n, int threads,
+                  Found *out) noexcept nogil
 cdef void found_free(Found *found) noexcept nogil
 
 

@@ -70,12 +70,24 @@ cdef int find_partners(const Finder *f, int32_t proxy, Stack *stack, Hits *hits)
 
 ctypedef struct FindJob:
     const Finder *f
+    const Partners *partners        # the lists, to tell which found the partners they hold
     const int32_t *proxies
     int64_t n
     Found *out
     Stack *stacks                   # one a thread
     dbvt_counter next               # the next chunk to take
     dbvt_counter failed
+
+
+cdef inline bint same_partners(const Partners *p, const int32_t *found, int64_t count) noexcept nogil:
+    cdef const int32_t *items = items_of(p)
+    cdef int64_t k
+    if count != p.count:
+        return False
+    for k in range(count):
+        if (items[k] >> 1) != found[k]:
+            return False
+    return True
 
 
 cdef void find_worker(void *context, int worker) noexcept nogil:
@@ -93,11 +105,17 @@ cdef void find_worker(void *context, int worker) noexcept nogil:
                 counter_set(&job.failed, 1)
                 return
             job.out.count[i] = <int32_t>(hits.count - job.out.first[i])
+            # In a dense scene most refreshed lists come out as they were: the merge can skip them.
+            if same_partners(&job.partners[job.proxies[i]], hits.proxies + job.out.first[i], job.out.count[i]):
+                hits.count = job.out.first[i]
+                job.out.count[i] = UNCHANGED
 
 
-cdef int find_all(const Finder *f, const int32_t *proxies, int64_t n, int threads, Found *out) noexcept nogil:
+cdef int find_all(const Finder *f, const Partners *partners, const int32_t *proxies, int64_t n, int threads,
+                  Found *out) noexcept nogil:
     """The partners of each of `proxies` into `out` (empty), on up to `threads` threads, in chunks of
-    FIND_CHUNK proxies that the threads take in turn (a thread slowed by other work takes fewer)."""
+    FIND_CHUNK proxies that the threads take in turn (a thread slowed by other work takes fewer); a
+    proxy whose list holds them already gets the count UNCHANGED, and no partners."""
     cdef FindJob job
     cdef int i
     out.workers = <int>max(1, min(<int64_t>threads, n // FIND_CHUNK))
@@ -110,6 +128,7 @@ cdef int find_all(const Finder *f, const int32_t *proxies, int64_t n, int thread
         free(job.stacks)
         return -1
     job.f = f
+    job.partners = partners
     job.proxies = proxies
     job.n = n
     job.out = out
