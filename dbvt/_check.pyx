@@ -36,6 +36,9 @@ cdef const char *core_check(const TreeCore *t, bint sensors_apart) noexcept nogi
                     return b"a box is not finite"
             if not box_contains(t.proxies[i].fat, t.proxies[i].tight):
                 return b"a fat box does not contain its tight box"
+            if t.dims == 2 and not (t.proxies[i].tight[2] == t.proxies[i].tight[5] == t.proxies[i].fat[2]
+                                    == t.proxies[i].fat[5] == 0.0):
+                return b"a box of a 2-D tree has a z extent"
             if core_find(t, t.proxies[i].id) != i:
                 return b"the id table does not find a live proxy"
     if live != t.proxy_count:
