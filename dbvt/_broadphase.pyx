@@ -29,9 +29,9 @@ from dbvt import validation
 from dbvt._batch cimport pairs_free, pairs_push, rows_push, self_pairs, sort_int32, sort_pairs
 from dbvt._core cimport (
     PREDICTION_STEPS, PREFETCH_AHEAD, PROXY_LIVE, PROXY_MOVED, PROXY_REFAT, PROXY_SEEN, PROXY_SENSOR,
-    PROXY_SENSOR_BOX, PROXY_SENSOR_SPHERE, PROXY_STATIC, QUERY_FAT_BOX, Hits, IdPair, PairBuffer, Proxy, Query, Stack, TreeCore,
-    box_contains, boxes_overlap, clamp_finite, core_move, core_place, core_remove, core_reserve, core_set_sensor, hits_free,
-    hits_push, listed_allowed, load_box, pair_allowed, prefetch, stack_free, walk,
+    PROXY_SENSOR_BOX, PROXY_SENSOR_SPHERE, PROXY_STATIC, QUERY_FAT_BOX, Hits, IdPair, PairBuffer, Proxy, Query, Stack,
+    TreeCore, box_contains, boxes_overlap, clamp_finite, core_move, core_place, core_remove, core_reserve,
+    core_set_sensor, hits_free, hits_push, listed_allowed, load_box, pair_allowed, prefetch, stack_free, walk,
 )
 from dbvt._finding cimport (
     FIND_ON_THREADS_FROM, UNCHANGED, Finder, Found, Retest, Retests, find_all, find_partners, found_free, reach_allows,
@@ -41,8 +41,8 @@ from dbvt._partners cimport (
     INLINE_PARTNERS, TOUCHING, Partners, budgets_of, items_of, partners_find, partners_place, tight_overlap,
 )
 from dbvt._sensors cimport (
-    ROUNDING, SensorGrid, Shape, ball_holds, grid_build, grid_free, grid_init, grid_list_sensors, move_drift, reach_cube,
-    shape_of, shape_touches,
+    ROUNDING, SensorGrid, Shape, ball_holds, grid_build, grid_free, grid_init, grid_list_sensors, move_drift,
+    reach_cube, shape_of, shape_touches,
 )
 from dbvt._tree cimport TreeBase, pair_array, prefetch_move
 
@@ -59,6 +59,7 @@ cdef enum:
     # the few more partners of a longer box, most of which its budgets pass over.
     SENSOR_PREDICTION_STEPS = 8
     FAT_LIMIT = 2                   # a status: update(max_fat_pairs=...) stopped at its limit
+    FRESH_FAT = PROXY_LIVE | PROXY_REFAT    # a live proxy whose partners stage 1 must find
 
 
 cdef object _pair_copy(const PairBuffer *buffer):
@@ -757,7 +758,7 @@ cdef class Broadphase(TreeBase):
         else:
             for m in range(self.moved_count):
                 proxy = self.moved[m]
-                if status == 0 and (self.core.proxies[proxy].flags & (PROXY_LIVE | PROXY_REFAT)) == (PROXY_LIVE | PROXY_REFAT):
+                if status == 0 and (self.core.proxies[proxy].flags & FRESH_FAT) == FRESH_FAT:
                     hits.count = 0
                     status = find_partners(&finder, proxy, &stack, &hits)
                     if status == 0:
@@ -806,7 +807,7 @@ cdef class Broadphase(TreeBase):
         if refat == NULL:
             return -1
         for m in range(self.moved_count):
-            if (self.core.proxies[self.moved[m]].flags & (PROXY_LIVE | PROXY_REFAT)) == (PROXY_LIVE | PROXY_REFAT):
+            if (self.core.proxies[self.moved[m]].flags & FRESH_FAT) == FRESH_FAT:
                 refat[n] = self.moved[m]
                 n += 1
         status = find_all(finder, self.partners, refat, n, self.threads if n >= FIND_ON_THREADS_FROM else 1, &found)
@@ -1177,10 +1178,11 @@ cdef class Broadphase(TreeBase):
     def validate(self):
         """Tree invariants, then the partner lists: sorted, symmetric with the same touching bit,
         between live proxies that may pair; with nothing pending, exactly the pairs of overlapping
-        fat boxes within reach (a sphere sensor's: touching its ball), marked touching exactly where the tight boxes overlap; a sensor pair marked inside
-        only where the proxy touches the grown shape, and outside only where it does not touch the
-        shape; and, pending or not, each sensor pair that a re-test would pass over (its budget not
-        yet reached) already decided as a test would decide it."""
+        fat boxes within reach (a sphere sensor's: touching its ball), marked touching exactly where
+        the tight boxes overlap; a sensor pair marked inside only where the proxy touches the grown
+        shape, and outside only where it does not touch the shape; and, pending or not, each sensor
+        pair that a re-test would pass over (its budget not yet reached) already decided as a test
+        would decide it."""
         TreeBase.validate(self)
         cdef TreeCore *t = &self.core
         cdef int32_t proxy, other, k, entry
@@ -1209,7 +1211,7 @@ cdef class Broadphase(TreeBase):
                 if not (t.proxies[proxy].flags & PROXY_SENSOR_SPHERE):
                     holds = -1
                 if holds == 0 or (holds == -1 and not box_contains(t.proxies[proxy].fat, reach)):
-                    raise RuntimeError("dbvt invariant broken: a sensor's reach does not hold its shape grown by the margin")
+                    raise RuntimeError("dbvt invariant broken: a sensor's reach does not hold its grown shape")
                 shape_of(&shape, t.proxies[proxy].tight, t.proxies[proxy].flags, t.dims, self.sensor_margin)
                 budgets = budgets_of(mine)
             if mine.capacity < INLINE_PARTNERS or mine.count > mine.capacity:

@@ -168,7 +168,8 @@ cdef int grid_find(const SensorGrid *g, const TreeCore *t, const float *box, Hit
             for z in range(low[2], high[2] + 1):
                 b = bucket_of(g, x, y, z)
                 for k in range(g.starts[b], g.starts[b + 1]):
-                    if (overlap(box, g.entries[k].fat) and within_reach(g.entries[k].fat, g.entries[k].flags, box, t.dims)
+                    if (overlap(box, g.entries[k].fat)
+                            and within_reach(g.entries[k].fat, g.entries[k].flags, box, t.dims)
                             and hits_push(hits, g.entries[k].sensor, 0.0) != 0):
                         return -1
     for k in range(g.wide_count):
