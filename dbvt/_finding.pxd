@@ -4,10 +4,14 @@
 # writes the partner lists, stays on one thread, in the order one thread takes them (_broadphase.pyx).
 # Functions returning `int` return 0, or -1 when memory ran out.
 from libc.stdint cimport int32_t, int64_t, uint32_t
+from libc.string cimport memcpy
 
-from dbvt._core cimport PROXY_SENSOR_SPHERE, Hits, Stack, TreeCore
+from dbvt._batch cimport sort_int32
+from dbvt._core cimport (
+    PROXY_SENSOR, PROXY_SENSOR_SPHERE, QUERY_FAT_BOX, Hits, Query, Stack, TreeCore, listed_allowed, walk,
+)
 from dbvt._partners cimport Partners
-from dbvt._sensors cimport SensorGrid, within_reach
+from dbvt._sensors cimport SensorGrid, ball_touches, grid_find, reach_ball, within_reach
 
 cdef enum:
     FIND_CHUNK = 64                 # proxies a thread takes at a time
@@ -40,7 +44,60 @@ cdef inline bint reach_allows(const TreeCore *t, int32_t a, int32_t b) noexcept 
     return True
 
 
-cdef int find_partners(const Finder *f, int32_t proxy, Stack *stack, Hits *hits) noexcept nogil
+cdef inline int find_partners(const Finder *f, int32_t proxy, Stack *stack, Hits *hits) noexcept nogil:
+    """Append to `hits` the partners of `proxy`'s fat box: the proxies whose fat boxes it overlaps
+    (within reach, when either is a sphere sensor) and that may pair with it, sorted, each once."""
+    cdef const TreeCore *t = f.t
+    cdef bint sensor = (t.proxies[proxy].flags & PROXY_SENSOR) != 0, reach, ball, grid = False
+    cdef double centre[3]
+    cdef double radius
+    cdef Query q
+    cdef int64_t start = hits.count, h, i, kept = hits.count
+    cdef int32_t other
+    cdef int found
+    q.kind = QUERY_FAT_BOX
+    q.groups = NULL
+    # The walk leaves out the sensors' subtree: a sensor never pairs with one, and the grid finds
+    # them for the rest, unless the box is too large for its cells.
+    q.skip_flags = PROXY_SENSOR if f.sensors else 0
+    q.first_hit = False
+    memcpy(q.box, t.proxies[proxy].fat, sizeof(q.box))
+    if walk(t, &q, stack, hits) != 0:
+        return -1
+    # The walk finds fat boxes that overlap; a sphere sensor's reach is smaller (see _sensors.pxd).
+    reach = sensor
+    ball = ((t.proxies[proxy].flags & PROXY_SENSOR_SPHERE) != 0
+            and reach_ball(t.proxies[proxy].fat, t.dims, centre, &radius))
+    if f.sensors and not sensor:
+        found = grid_find(f.grid, t, q.box, hits)   # only sensors within reach
+        if found == 1:
+            q.skip_flags = 0
+            hits.count = start
+            found = walk(t, &q, stack, hits)
+            reach = True
+        if found != 0:
+            return -1
+        grid = True
+    for h in range(start, hits.count):
+        other = hits.proxies[h]
+        if (other != proxy and listed_allowed(t, f.groups, f.masks, proxy, other)
+                and (not reach or (ball_touches(centre, radius, t.proxies[other].fat, t.dims) if ball
+                                   else reach_allows(t, proxy, other)))):
+            hits.proxies[kept] = other
+            kept += 1
+    sort_int32(hits.proxies + start, kept - start)
+    if grid:
+        # A sensor the grid lists in several cells is found once per cell.
+        h = kept
+        kept = start
+        for i in range(start, h):
+            if kept == start or hits.proxies[i] != hits.proxies[kept - 1]:
+                hits.proxies[kept] = hits.proxies[i]
+                kept += 1
+    hits.count = kept
+    return 0
+
+
 cdef int find_all(const Finder *f, const Partners *partners, const int32_t *proxies, int64_t n, int threads,
                   Found *out) noexcept nogil
 cdef void found_free(Found *found) noexcept nogil
