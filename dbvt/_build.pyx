@@ -704,6 +704,7 @@ cdef int core_rebuild(TreeCore *t, int threads) noexcept nogil:
     cdef int32_t p, i
     cdef int status = 0
     cdef float *fat
+    t.wide.fresh = False
     t.root = t.sensor_root = NULL_REF
     if n == 0:
         return 0
@@ -738,6 +739,7 @@ cdef int core_bulk_insert(TreeCore *t, const uint64_t *ids, const float *rows, i
     cdef BuildItem *items
     cdef Spread loop
     cdef int64_t i
+    t.wide.fresh = False
     items = <BuildItem *>malloc(n * sizeof(BuildItem))
     if items == NULL:
         return -1

@@ -27,6 +27,7 @@ from dbvt._core cimport (
 )
 from dbvt._build cimport core_bulk_insert, core_rebuild
 from dbvt._check cimport core_area_ratio, core_check, core_height, core_memory
+from dbvt._wide cimport wide_refresh, wide_worth
 
 cdef extern from *:
     """
@@ -173,8 +174,17 @@ cdef class TreeBase:
         return self.core.margin
 
     cdef void _after_change(self):
+        # A Broadphase also writes tight boxes itself (a sensor moving inside its fat box).
+        self.core.wide.fresh = False
         if DBVT_DEBUG_CHECKS:
             self.validate()
+
+    cdef void _refresh_wide(self, int64_t queries):
+        """Before a batch of box or segment queries: rebuild the tree's wide view (dbvt._wide) when it is
+        stale and the batch pays for it. With the GIL held, so that no other call reads the view while
+        it is rebuilt; if memory runs out the view stays stale and the batch walks the tree itself."""
+        if wide_worth(&self.core, queries):
+            wide_refresh(&self.core)
 
     cdef object _existing(self, object ids):
         """Proxy indices of `ids`, which must be present and distinct."""
@@ -304,6 +314,7 @@ cdef class TreeBase:
         cdef int status
         start_batch(&batch, &r, ROWS_BOXES, mask, groups, False, self.max_hits, skip)
         r.shapes = &rows[0, 0] if n else NULL
+        self._refresh_wide(n)
         with nogil:
             status = run_rows(&self.core, &r, n, self.threads, &off[0], &batch)
         return csr(&batch, status, offsets, False)
@@ -336,6 +347,7 @@ cdef class TreeBase:
         cdef int status
         start_batch(&batch, &r, ROWS_SEGMENTS, mask, groups, first_hit, self.max_hits, skip)
         r.shapes = &rows[0, 0] if n else NULL
+        self._refresh_wide(n)
         with nogil:
             status = run_rows(&self.core, &r, n, self.threads, &off[0], &batch)
         return csr(&batch, status, offsets, True)
@@ -445,6 +457,7 @@ cdef class TreeBase:
             "height": core_height(&self.core),
             "area_ratio": core_area_ratio(&self.core),
             "memory_bytes": core_memory(&self.core),
+            "quads": self.core.wide.quad_count if self.core.wide.fresh else 0,
             "dims": self.core.dims,
             "margin": self.core.margin,
         }
