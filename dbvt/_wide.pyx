@@ -23,7 +23,7 @@ from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcpy
 
 from dbvt._core cimport (
-    NULL_REF, PROXY_SENSOR, QUERY_BOX, QUERY_RAY, Hits, Quad, Query, Stack, StackEntry, TreeCore, Wide, hits_push,
+    NULL_REF, PREFETCH_AHEAD, PROXY_SENSOR, QUERY_BOX, QUERY_RAY, Hits, Quad, Query, Stack, StackEntry, TreeCore, Wide, hits_push,
     prefetch, subtree_root,
 )
 
@@ -130,8 +130,9 @@ cdef extern from *:
 
 cdef enum:
     QUAD_ALIGN = 64                 # a quad starts a cache line, so it spans exactly two
-    # A stale view is rebuilt for a batch of at least proxies / WIDE_PAYS_PER queries: rebuilding costs
-    # about as much a proxy as a query saves (measured on W1 at 100k; see docs/benchmarks.md).
+    # A stale view is rebuilt for a batch of at least proxies / WIDE_PAYS_PER queries. On W1 at 100k a
+    # rebuild costs about 45 ns a proxy and a query on the view saves about 1.2 us: it pays from a
+    # batch of proxies / 27; at proxies / 16 it saves at least 1.7 times what it costs.
     WIDE_PAYS_PER = 16
 
 
@@ -172,54 +173,44 @@ cdef int grow_leaves(Wide *w, int64_t need) noexcept nogil:
     return 0
 
 
-# The quads are as few as the tree allows: bottom up, fewest[4 n + k - 1] is the fewest quads below
-# node n when its subtree gives its parent's quad k pieces (k = 1: n itself, which then has a quad of
-# its own), and plan[n] records the cuts that reach them; top down, each quad takes its node's
+# The quads are as few as the tree allows: bottom up, fewest[k - 1] of a node is the fewest quads below
+# it when its subtree gives its parent's quad k pieces (k = 1: the node itself, which then has a quad
+# of its own), and plan[node] records the cuts that reach them; top down, each quad takes its node's
 # cheapest cut. (Opening the costliest piece first, as a greedy collapse does, left half the quads
 # with two children: 0.50 quads a proxy on W1, against 0.38 with this; fuller quads are both smaller
-# and quicker to walk.) plan[n]: bits 0-1 and 2-3 the pieces child 0 gives in a cut of n in three
-# and in four, bits 4-6 the pieces of n's own quad.
+# and quicker to walk.) plan[node]: bits 0-1 and 2-3 the pieces child 0 gives in a cut of the node in
+# three and in four, bits 4-6 the pieces of the node's own quad.
 cdef enum:
     NO_CUT = 0x3FFFFFFF             # a leaf cannot be cut in pieces
 
-ctypedef struct Plan:               # the scratch of one rebuild
-    int32_t *fewest                 # 4 a node
-    uint8_t *plan                   # 1 a node
 
-
-cdef inline int32_t cut_cost(const int32_t *fewest, int32_t ref, int k) noexcept nogil:
-    if ref < 0:
-        return 0 if k == 1 else NO_CUT
-    return fewest[4 * ref + k - 1]
-
-
-cdef void count_quads(const TreeCore *t, int32_t node, Plan *p) noexcept nogil:
+cdef void count_quads(const TreeCore *t, int32_t node, uint8_t *plan, int32_t *fewest) noexcept nogil:
     cdef int32_t c0 = t.nodes[node].child[0], c1 = t.nodes[node].child[1], here
-    cdef int32_t *row = p.fewest + 4 * node
-    cdef int k, i, best
-    cdef uint32_t plan = 0
-    if c1 >= 0:
-        prefetch(&t.nodes[c1])
-    if c0 >= 0:
-        count_quads(t, c0, p)
-    if c1 >= 0:
-        count_quads(t, c1, p)
+    cdef int32_t below[2][4]
+    cdef int k, i, side, best
+    cdef uint32_t choice = 0
+    for side in range(2):
+        if t.nodes[node].child[side] >= 0:
+            count_quads(t, t.nodes[node].child[side], plan, below[side])
+        else:
+            below[side][0] = 0
+            below[side][1] = below[side][2] = below[side][3] = NO_CUT
     for k in range(2, 5):
-        row[k - 1] = NO_CUT
+        fewest[k - 1] = NO_CUT
         best = 1
         for i in range(1, k):
-            here = cut_cost(p.fewest, c0, i) + cut_cost(p.fewest, c1, k - i)
-            if here < row[k - 1]:
-                row[k - 1] = here
+            here = below[0][i - 1] + below[1][k - i - 1]
+            if here < fewest[k - 1]:
+                fewest[k - 1] = here
                 best = i
         if k > 2:
-            plan |= <uint32_t>best << (2 * (k - 3))
+            choice |= <uint32_t>best << (2 * (k - 3))
     best = 2
     for k in range(3, 5):                   # on a tie, the quad with more children
-        if row[k - 1] <= row[best - 1]:
+        if fewest[k - 1] <= fewest[best - 1]:
             best = k
-    row[0] = 1 + row[best - 1]
-    p.plan[node] = <uint8_t>(plan | (<uint32_t>best << 4))
+    fewest[0] = 1 + fewest[best - 1]
+    plan[node] = <uint8_t>(choice | (<uint32_t>best << 4))
 
 
 cdef void cut(const TreeCore *t, const uint8_t *plan, int32_t ref, int k, int32_t *parts, int *count) noexcept nogil:
@@ -234,52 +225,74 @@ cdef void cut(const TreeCore *t, const uint8_t *plan, int32_t ref, int k, int32_
     cut(t, plan, t.nodes[ref].child[1], k - i, parts, count)
 
 
-cdef int collapse(const TreeCore *t, Wide *w, const uint8_t *plan, int32_t ref, int32_t *index, float *box,
+cdef int collapse(const TreeCore *t, Wide *w, const uint8_t *plan, int32_t ref, int32_t *index,
                   int32_t *leaves) noexcept nogil:
-    """Make the quad over the subtree at `ref` (its index into `index`), its own quads after it depth
-    first; `box` gets the union of the subtree's tight boxes. 0, or -1 when memory ran out."""
+    """Make the quad over the subtree at `ref` (its index into `index`) and its own quads after it, depth
+    first, with their children and leaves but not yet their boxes (fill_boxes). 0, or -1 when memory
+    ran out."""
     cdef int32_t part[4]
-    cdef int32_t child, leaf
-    cdef int count = 0, i, k
-    cdef float below[6]
-    cdef const float *piece
-    cdef Quad *quad
+    cdef int32_t child
+    cdef int count = 0, i
     if w.quad_count == w.quad_capacity and grow_quads(w, <int64_t>w.quad_count + 1) != 0:
         return -1
     index[0] = w.quad_count
     w.quad_count += 1
     cut(t, plan, ref, plan[ref] >> 4 if ref >= 0 else 1, part, &count)
-    for k in range(3):
-        box[k] = INFINITY
-        box[k + 3] = -INFINITY
+    w.quads[index[0]].count = count
     for i in range(4):
         if i >= count:
-            quad = &w.quads[index[0]]
-            quad.child[i] = NULL_REF
-            for k in range(3):
-                quad.lo[k][i] = INFINITY
-                quad.hi[k][i] = -INFINITY
-            continue
-        if part[i] < 0:
-            leaf = leaves[0]
+            child = NULL_REF
+        elif part[i] < 0:
+            child = ~leaves[0]
+            w.proxies[leaves[0]] = ~part[i]
             leaves[0] += 1
-            w.ids[leaf] = t.proxies[~part[i]].id
-            w.proxies[leaf] = ~part[i]
-            piece = t.proxies[~part[i]].tight
-            child = ~leaf
-        else:
-            if collapse(t, w, plan, part[i], &child, below, leaves) != 0:
-                return -1
-            piece = below
-        quad = &w.quads[index[0]]           # after the recursion, which may have moved the quads
-        quad.child[i] = child
-        for k in range(3):
-            quad.lo[k][i] = piece[k]
-            quad.hi[k][i] = piece[k + 3]
-            box[k] = piece[k] if piece[k] < box[k] else box[k]
-            box[k + 3] = piece[k + 3] if piece[k + 3] > box[k + 3] else box[k + 3]
-    w.quads[index[0]].count = count
+        elif collapse(t, w, plan, part[i], &child, leaves) != 0:
+            return -1
+        w.quads[index[0]].child[i] = child      # after the recursion, which may have moved the quads
     return 0
+
+
+cdef void fill_boxes(const TreeCore *t, Wide *w) noexcept nogil:
+    """The quads' boxes and the leaves' ids, last quad first so that a quad's child quads are done
+    before it. A leaf's box is its proxy's tight box, a quad's the union of its children's: proxies
+    are read in no useful order, so each quad fetches those of a quad PREFETCH_AHEAD before it."""
+    cdef int32_t q, child, proxy
+    cdef int i, k
+    cdef Quad *quad
+    cdef const Quad *ahead
+    cdef const Quad *below
+    cdef const float *tight
+    cdef float lo, hi
+    for q in range(w.quad_count - 1, -1, -1):
+        if q >= PREFETCH_AHEAD:
+            ahead = &w.quads[q - PREFETCH_AHEAD]
+            for i in range(ahead.count):
+                if ahead.child[i] < 0:
+                    prefetch(&t.proxies[w.proxies[~ahead.child[i]]])
+        quad = &w.quads[q]
+        for i in range(4):
+            child = quad.child[i]
+            if child == NULL_REF:
+                for k in range(3):
+                    quad.lo[k][i] = INFINITY
+                    quad.hi[k][i] = -INFINITY
+            elif child < 0:
+                proxy = w.proxies[~child]
+                w.ids[~child] = t.proxies[proxy].id
+                tight = t.proxies[proxy].tight
+                for k in range(3):
+                    quad.lo[k][i] = tight[k]
+                    quad.hi[k][i] = tight[k + 3]
+            else:
+                below = &w.quads[child]
+                for k in range(3):
+                    lo = below.lo[k][0]
+                    hi = below.hi[k][0]
+                    for child in range(1, 4):       # unused lanes hold an empty box: +inf..-inf
+                        lo = below.lo[k][child] if below.lo[k][child] < lo else lo
+                        hi = below.hi[k][child] if below.hi[k][child] > hi else hi
+                    quad.lo[k][i] = lo
+                    quad.hi[k][i] = hi
 
 
 cdef bint wide_worth(const TreeCore *t, int64_t queries) noexcept nogil:
@@ -295,29 +308,32 @@ cdef int wide_refresh(TreeCore *t) noexcept nogil:
     cdef int32_t rest = subtree_root(t, False)
     cdef int32_t sensors = subtree_root(t, True)
     cdef int32_t leaves = 0
-    cdef float box[6]
-    cdef Plan p
+    cdef int32_t fewest[4]
+    cdef uint8_t *plan
     cdef int status = 0
     if w.fresh:
         return 0
-    p.fewest = <int32_t *>malloc((4 * <int64_t>t.node_capacity + 1) * sizeof(int32_t))
-    p.plan = <uint8_t *>malloc(<int64_t>t.node_capacity + 1)
-    if p.fewest == NULL or p.plan == NULL or grow_leaves(w, t.proxy_count) != 0:
-        free(p.fewest)
-        free(p.plan)
+    plan = <uint8_t *>malloc(<int64_t>t.node_capacity + 1)
+    if plan == NULL or grow_leaves(w, t.proxy_count) != 0:
+        free(plan)
+        return -1
+    # W1 needs 0.38 quads a proxy: room for a little more at once, rather than growing step by step.
+    if w.quad_capacity < t.proxy_count * 2 // 5 and grow_quads(w, t.proxy_count * 2 // 5) != 0:
+        free(plan)
         return -1
     w.quad_count = 0
     w.rest = w.sensors = NULL_REF
     if rest >= 0:
-        count_quads(t, rest, &p)
+        count_quads(t, rest, plan, fewest)
     if sensors >= 0:
-        count_quads(t, sensors, &p)
+        count_quads(t, sensors, plan, fewest)
     if rest != NULL_REF:
-        status = collapse(t, w, p.plan, rest, &w.rest, box, &leaves)
+        status = collapse(t, w, plan, rest, &w.rest, &leaves)
     if status == 0 and sensors != NULL_REF:
-        status = collapse(t, w, p.plan, sensors, &w.sensors, box, &leaves)
-    free(p.fewest)
-    free(p.plan)
+        status = collapse(t, w, plan, sensors, &w.sensors, &leaves)
+    free(plan)
+    if status == 0:
+        fill_boxes(t, w)
     w.fresh = status == 0
     return status
 
