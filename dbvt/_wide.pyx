@@ -142,10 +142,12 @@ cdef enum:
 cdef int grow_quads(Wide *w, int64_t need) noexcept nogil:
     """Room for `need` quads, at least half as many again as now; the quads keep their indices."""
     cdef int64_t capacity = max(need, w.quad_capacity + w.quad_capacity // 2, 64)
-    cdef void *block = malloc(capacity * sizeof(Quad) + QUAD_ALIGN - 1)
+    cdef void *block
     cdef Quad *quads
-    if block == NULL or capacity > INT32_MAX:
-        free(block)
+    if capacity > INT32_MAX:
+        return -1
+    block = malloc(capacity * sizeof(Quad) + QUAD_ALIGN - 1)
+    if block == NULL:
         return -1
     quads = <Quad *>((<uintptr_t>block + QUAD_ALIGN - 1) & ~<uintptr_t>(QUAD_ALIGN - 1))
     if w.quad_count:
@@ -185,6 +187,7 @@ cdef enum:
 
 
 cdef void count_quads(const TreeCore *t, int32_t node, uint8_t *plan, int32_t *fewest) noexcept nogil:
+    """Fill `plan` below and at `node`, and `fewest` (4 values) for the node."""
     cdef int32_t c0 = t.nodes[node].child[0], c1 = t.nodes[node].child[1], here
     cdef int32_t below[2][4]
     cdef int k, i, side, best
@@ -257,7 +260,7 @@ cdef void fill_boxes(const TreeCore *t, Wide *w) noexcept nogil:
     before it. A leaf's box is its proxy's tight box, a quad's the union of its children's: proxies
     are read in no useful order, so each quad fetches those of a quad PREFETCH_AHEAD before it."""
     cdef int32_t q, child, proxy
-    cdef int i, k
+    cdef int i, j, k
     cdef Quad *quad
     cdef const Quad *ahead
     cdef const Quad *below
@@ -288,9 +291,9 @@ cdef void fill_boxes(const TreeCore *t, Wide *w) noexcept nogil:
                 for k in range(3):
                     lo = below.lo[k][0]
                     hi = below.hi[k][0]
-                    for child in range(1, 4):       # unused lanes hold an empty box: +inf..-inf
-                        lo = below.lo[k][child] if below.lo[k][child] < lo else lo
-                        hi = below.hi[k][child] if below.hi[k][child] > hi else hi
+                    for j in range(1, 4):           # unused lanes hold an empty box: +inf..-inf
+                        lo = below.lo[k][j] if below.lo[k][j] < lo else lo
+                        hi = below.hi[k][j] if below.hi[k][j] > hi else hi
                     quad.lo[k][i] = lo
                     quad.hi[k][i] = hi
 
