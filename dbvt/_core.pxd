@@ -18,6 +18,17 @@ cdef extern from *:
     """
     void prefetch "DBVT_PREFETCH"(const void *address) noexcept nogil
 
+# A flag that threads share (a C11 atomic int; plain reads and writes of it are sequentially
+# consistent): the wide view's, which one query batch may rebuild while another reads it.
+cdef extern from *:
+    """
+    #include <stdatomic.h>
+    typedef atomic_int dbvt_flag;
+    static inline int dbvt_flag_claim(dbvt_flag *flag) { return atomic_exchange(flag, 1) == 0; }
+    """
+    ctypedef int dbvt_flag
+    bint flag_claim "dbvt_flag_claim"(dbvt_flag *flag) noexcept nogil
+
 cdef enum:
     NULL_REF = -2147483647 - 1     # no node; leaves are ~proxy (< 0), so the null must lie outside
     MAX_PLANES = 32
@@ -111,8 +122,9 @@ ctypedef struct Wide:               # the tree's 4-wide query view (dbvt._wide):
     int32_t leaf_capacity
     int32_t rest                    # the quad over every leaf but the sensors', NULL_REF when none
     int32_t sensors                 # the quad over the sensors' leaves, NULL_REF when none
-    bint fresh                      # built since the tree last changed: every function that changes a
+    dbvt_flag fresh                 # built since the tree last changed: every function that changes a
                                     # tight box or the tree's shape clears it
+    dbvt_flag building              # a batch is rebuilding it: another walks the tree meanwhile
 
 ctypedef struct TreeCore:
     Node *nodes                     # pool of internal nodes; WARNING: moves when the pool grows

@@ -181,10 +181,11 @@ cdef class TreeBase:
 
     cdef void _refresh_wide(self, int64_t queries):
         """Before a batch of box or segment queries: rebuild the tree's wide view (dbvt._wide) when it is
-        stale and the batch pays for it. With the GIL held, so that no other call reads the view while
-        it is rebuilt; if memory runs out the view stays stale and the batch walks the tree itself."""
+        stale and the batch pays for it; if memory runs out the view stays stale and the batch walks the
+        tree itself."""
         if wide_worth(&self.core, queries):
-            wide_refresh(&self.core)
+            with nogil:
+                wide_refresh(&self.core)
 
     cdef object _existing(self, object ids):
         """Proxy indices of `ids`, which must be present and distinct."""

@@ -11,8 +11,8 @@ box, so the walk decides a leaf without reading its proxy. Leaves are numbered d
 their ids kept in that order beside the quads, so a query's hits are read from a few cache lines.
 
 Any change to a tight box or to the tree's shape marks the view stale (Wide.fresh); a batch large
-enough to pay for it (wide_worth) rebuilds it, holding the GIL, before its walks start, and smaller
-batches walk the binary tree. Both walks give the same hits: every decision on a leaf is the same
+enough to pay for it (wide_worth) rebuilds it before its walks start, and smaller batches walk the
+binary tree. Both walks give the same hits: every decision on a leaf is the same
 comparison of the same values (a box test in float32; the segment's slab test in float64 with the
 same operations in the same order, the SIMD min and max chosen to keep the scalar code's outcome on
 ties and NaNs), and a quad's box contains its leaves' boxes, so no hit is lost above them.
@@ -23,8 +23,8 @@ from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcpy
 
 from dbvt._core cimport (
-    NULL_REF, PREFETCH_AHEAD, PROXY_SENSOR, QUERY_BOX, QUERY_RAY, Hits, Quad, Query, Stack, StackEntry, TreeCore, Wide, hits_push,
-    prefetch, subtree_root,
+    NULL_REF, PREFETCH_AHEAD, PROXY_SENSOR, QUERY_BOX, QUERY_RAY, Hits, Quad, Query, Stack, StackEntry, TreeCore, Wide,
+    flag_claim, hits_push, prefetch, subtree_root,
 )
 
 cdef extern from *:
@@ -306,7 +306,8 @@ cdef bint wide_worth(const TreeCore *t, int64_t queries) noexcept nogil:
 
 cdef int wide_refresh(TreeCore *t) noexcept nogil:
     """Rebuild the view when the tree changed since it was built: 0, or -1 when memory ran out (the
-    view is left stale)."""
+    view is left stale). Without the GIL: reads may run beside it (no change may), and a batch that
+    finds another rebuilding walks the tree meanwhile; the view is marked fresh once it is whole."""
     cdef Wide *w = &t.wide
     cdef int32_t rest = subtree_root(t, False)
     cdef int32_t sensors = subtree_root(t, True)
@@ -314,15 +315,14 @@ cdef int wide_refresh(TreeCore *t) noexcept nogil:
     cdef int32_t fewest[4]
     cdef uint8_t *plan
     cdef int status = 0
-    if w.fresh:
+    if w.fresh or not flag_claim(&w.building):
         return 0
     plan = <uint8_t *>malloc(<int64_t>t.node_capacity + 1)
-    if plan == NULL or grow_leaves(w, t.proxy_count) != 0:
-        free(plan)
-        return -1
     # W1 needs 0.38 quads a proxy: room for a little more at once, rather than growing step by step.
-    if w.quad_capacity < t.proxy_count * 2 // 5 and grow_quads(w, t.proxy_count * 2 // 5) != 0:
+    if (plan == NULL or grow_leaves(w, t.proxy_count) != 0
+            or (w.quad_capacity < t.proxy_count * 2 // 5 and grow_quads(w, t.proxy_count * 2 // 5) != 0)):
         free(plan)
+        w.building = False
         return -1
     w.quad_count = 0
     w.rest = w.sensors = NULL_REF
@@ -338,6 +338,7 @@ cdef int wide_refresh(TreeCore *t) noexcept nogil:
     if status == 0:
         fill_boxes(t, w)
     w.fresh = status == 0
+    w.building = False
     return status
 
 

@@ -7,6 +7,8 @@ happened: the quads of the view, 0 while it is stale.
 """
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -205,3 +207,30 @@ def test_every_change_leaves_the_view_stale():
     loaded = dbvt.Tree.from_bytes(tree.to_bytes())
     assert loaded.stats()["quads"] == 0
     assert_same_csr(loaded.query_aabb(big), tree.query_aabb(big), "after a round trip")
+
+
+def test_batches_on_threads_share_the_view_while_it_is_rebuilt():
+    """Reads may run side by side: batches on several Python threads find the view stale at once; one
+    rebuilds it (without the GIL) while the others walk the tree, and all answer as brute force."""
+    w = W1World(6000, seed=11)
+    tree, ref = dbvt.Tree(margin=0.1), reference.Tree(margin=0.1)
+    for structure in (tree, ref):
+        structure.insert(w.ids, w.boxes)
+    queries, segments = w.query_boxes(600), w.segments(600)
+    for step in range(4):
+        expected = ref.query_aabb(queries), ref.raycast(segments)
+        results = {}
+
+        def read(k):
+            results[k] = tree.query_aabb(queries) if k % 2 == 0 else tree.raycast(segments)
+        threads = [threading.Thread(target=read, args=(k,)) for k in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        for k, got in results.items():
+            assert_same_csr(got, expected[k % 2], f"step {step}, reader {k}")
+        assert len(results) == 6 and tree.stats()["quads"] > 0
+        movers, boxes = w.step()
+        for structure in (tree, ref):
+            structure.update(movers, boxes)
