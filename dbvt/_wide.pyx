@@ -378,6 +378,17 @@ cdef inline int push(Stack *stack, int32_t quad) noexcept nogil:
     return 0
 
 
+cdef inline int add_hit(Hits *hits, int32_t leaf, double fraction, bint with_fraction) noexcept nogil:
+    """hits_push() of _core, inlined for the common case of room left; a box's hits need no fraction."""
+    if hits.count == hits.capacity:
+        return hits_push(hits, leaf, fraction)
+    hits.proxies[hits.count] = leaf
+    if with_fraction:
+        hits.fractions[hits.count] = fraction
+    hits.count += 1
+    return 0
+
+
 cdef int walk_kind(const Kind *kind, const TreeCore *t, Query *q, Stack *stack, Hits *hits) noexcept nogil:
     cdef const Wide *w = &t.wide
     cdef const Quad *quad
@@ -406,16 +417,17 @@ cdef int walk_kind(const Kind *kind, const TreeCore *t, Query *q, Stack *stack, 
             child = quad.child[i]
             if child >= 0:
                 prefetch(&w.quads[child])
+                prefetch(&w.quads[child].hi[1][0])     # the quad's second cache line
                 if push(stack, child) != 0:
                     return -1
                 continue
             if q.groups != NULL and (q.groups[w.proxies[~child]] & q.mask) == 0:
                 continue
             if Kind is BoxKind:
-                if hits_push(hits, ~child, 0.0) != 0:
+                if add_hit(hits, ~child, 0.0, False) != 0:
                     return -1
             else:
-                if hits_push(hits, ~child, entry[i]) != 0:
+                if add_hit(hits, ~child, entry[i], True) != 0:
                     return -1
                 if q.first_hit and entry[i] < q.best_fraction:
                     q.best_fraction = entry[i]
