@@ -174,6 +174,13 @@ ctypedef struct Batch:              # the working memory and growing CSR output 
     int64_t max_hits                # past this many hits the batch stops (HIT_LIMIT); -1: no limit
 
 
+cdef inline void wide_stale(TreeCore *t) noexcept nogil:
+    """Mark the wide view stale. Its flag is read first: a store to an atomic costs a fence, and a
+    step's moves come by the thousand, all but the first finding it stale already."""
+    if t.wide.fresh:
+        t.wide.fresh = False
+
+
 cdef int core_init(TreeCore *t, int32_t dims, float margin) noexcept nogil
 cdef void core_free(TreeCore *t) noexcept nogil
 cdef int core_reserve(TreeCore *t, int64_t extra_proxies) noexcept nogil

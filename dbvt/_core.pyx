@@ -467,7 +467,7 @@ cdef void insert_leaf(TreeCore *t, int32_t proxy, int32_t start) noexcept nogil:
     cdef float *fat = t.proxies[proxy].fat
     cdef bint sensor = (t.proxies[proxy].flags & PROXY_SENSOR) != 0
     cdef int32_t top = subtree_root(t, sensor)
-    t.wide.fresh = False
+    wide_stale(t)
     if top == NULL_REF:
         join_subtree(t, leaf, sensor)
         return
@@ -502,7 +502,7 @@ cdef void remove_leaf(TreeCore *t, int32_t proxy) noexcept nogil:
     cdef int32_t leaf = ~proxy
     cdef int32_t parent = t.proxies[proxy].parent
     cdef int32_t grand, sibling, index
-    t.wide.fresh = False
+    wide_stale(t)
     t.proxies[proxy].parent = NULL_REF
     if parent == NULL_REF:
         t.root = NULL_REF
@@ -556,7 +556,7 @@ cdef bint core_move(TreeCore *t, int32_t proxy, const float *tight, float predic
     cdef float fat[6]
     cdef int32_t start, levels
     cdef int i
-    t.wide.fresh = False
+    wide_stale(t)
     if box_contains(p.fat, tight):
         memcpy(p.tight, tight, 6 * sizeof(float))
         return False

@@ -23,7 +23,7 @@ from dbvt._core cimport (
     HIT_LIMIT, PREDICTION_STEPS, PREFETCH_AHEAD, PROXY_FLAGS, PROXY_LIVE, PROXY_SEEN, PROXY_SENSOR, Batch, IdPair,
     Node, PairBuffer, Proxy, Query, TreeCore,
     cache_costs, core_add, core_find, core_free, core_init, core_move, core_prefetch_find,
-    core_remove, core_reserve, core_split_sensors, load_box, rehash,
+    core_remove, core_reserve, core_split_sensors, load_box, rehash, wide_stale,
 )
 from dbvt._build cimport core_bulk_insert, core_rebuild
 from dbvt._check cimport core_area_ratio, core_check, core_height, core_memory
@@ -175,7 +175,7 @@ cdef class TreeBase:
 
     cdef void _after_change(self):
         # A Broadphase also writes tight boxes itself (a sensor moving inside its fat box).
-        self.core.wide.fresh = False
+        wide_stale(&self.core)
         if DBVT_DEBUG_CHECKS:
             self.validate()
 
