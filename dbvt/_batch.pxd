@@ -12,7 +12,7 @@ cdef int rows_push(PairBuffer *buffer, uint64_t a, uint64_t b) noexcept nogil
 cdef void pairs_free(PairBuffer *buffer) noexcept nogil
 cdef void batch_free(Batch *b) noexcept nogil
 cdef int batch_reserve(Batch *b, int64_t extra) noexcept nogil
-cdef int append_by_fraction(const TreeCore *t, Batch *b, bint first_hit) noexcept nogil
+cdef int append_by_fraction(const TreeCore *t, Batch *b, bint first_hit, bint wide) noexcept nogil
 cdef int run_boxes(const TreeCore *t, Query *q, const float *rows, int64_t n,
                    int64_t *offsets, Batch *b) noexcept nogil
 cdef int run_spheres(const TreeCore *t, Query *q, const float *centers, const float *radii,

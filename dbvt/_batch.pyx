@@ -10,6 +10,7 @@ from dbvt._core cimport (
     HIT_LIMIT, PROXY_LIVE, QUERY_BOX, QUERY_FRUSTUM, QUERY_RAY, QUERY_SPHERE, Batch, Hits, IdPair, PairBuffer, Query,
     RayHit, Stack, TreeCore, hits_free, load_box, pair_allowed, stack_free, walk,
 )
+from dbvt._wide cimport wide_serves, wide_walk
 
 
 # ---------------------------------------------------------------------------------------------
@@ -210,25 +211,30 @@ cdef void batch_free(Batch *b) noexcept nogil:
     b.count = b.capacity = b.ray_capacity = 0
 
 
-cdef int finish_query(const TreeCore *t, const Query *q, Batch *b) noexcept nogil:
+cdef inline uint64_t hit_id(const TreeCore *t, int32_t hit, bint wide) noexcept nogil:
+    """The id of a hit: a walk of the tree names a proxy, a walk of its wide view (_wide) a leaf."""
+    return t.wide.ids[hit] if wide else t.proxies[hit].id
+
+
+cdef int finish_query(const TreeCore *t, const Query *q, Batch *b, bint wide) noexcept nogil:
     """Append the walk's hits to the output in the order the API promises."""
     cdef int64_t n = b.hits.count, i
     cdef uint64_t *ids
     if q.kind == QUERY_RAY:
-        return append_by_fraction(t, b, q.first_hit)
+        return append_by_fraction(t, b, q.first_hit, wide)
     if batch_reserve(b, n) != 0:
         return -1
     ids = b.ids + b.count
     for i in range(n):
-        ids[i] = t.proxies[b.hits.proxies[i]].id
+        ids[i] = hit_id(t, b.hits.proxies[i], wide)
     sort_items(ids, n)
     b.count += n
     return 0
 
 
-cdef int append_by_fraction(const TreeCore *t, Batch *b, bint first_hit) noexcept nogil:
+cdef int append_by_fraction(const TreeCore *t, Batch *b, bint first_hit, bint wide) noexcept nogil:
     """Append the hits with their fractions, ordered by fraction then id; with `first_hit`, only the
-    first of them."""
+    first of them. `wide`: the hits name leaves of the wide view, not proxies."""
     cdef int64_t n = b.hits.count, i
     cdef RayHit *ray_hits
     cdef uint64_t *ids
@@ -243,7 +249,7 @@ cdef int append_by_fraction(const TreeCore *t, Batch *b, bint first_hit) noexcep
         b.ray_capacity = n
     for i in range(n):
         b.ray_hits[i].fraction = b.hits.fractions[i]
-        b.ray_hits[i].id = t.proxies[b.hits.proxies[i]].id
+        b.ray_hits[i].id = hit_id(t, b.hits.proxies[i], wide)
     sort_items(b.ray_hits, n)
     if first_hit and n > 1:
         n = 1
@@ -257,10 +263,11 @@ cdef int append_by_fraction(const TreeCore *t, Batch *b, bint first_hit) noexcep
 cdef int run_one(const TreeCore *t, Query *q, Batch *b) noexcept nogil:
     """One query's hits appended to the batch: 0, -1 when memory ran out, or HIT_LIMIT when the
     batch's hits passed b.max_hits (checked per query: one query holds at most every proxy)."""
+    cdef bint wide = wide_serves(t, q)
     b.hits.count = 0
-    if walk(t, q, &b.stack, &b.hits) != 0:
+    if (wide_walk(t, q, &b.stack, &b.hits) if wide else walk(t, q, &b.stack, &b.hits)) != 0:
         return -1
-    if finish_query(t, q, b) != 0:
+    if finish_query(t, q, b, wide) != 0:
         return -1
     if 0 <= b.max_hits < b.count:
         return HIT_LIMIT

@@ -9,7 +9,7 @@ from libc.string cimport memcpy, memmove, memset
 
 from dbvt._core cimport (
     NULL_REF, PREFETCH_AHEAD, PROXY_LIVE, PROXY_SENSOR, Proxy, TreeCore, box_cost, fatten, grow_nodes, insert_leaf,
-    load_box, mix64, prefetch, ref_height, set_parent, slot_insert, union_box,
+    load_box, mix64, prefetch, ref_height, set_parent, slot_insert, union_box, wide_stale,
 )
 from dbvt._parallel cimport counter_set, counter_take, dbvt_counter, run_parts
 
@@ -704,6 +704,7 @@ cdef int core_rebuild(TreeCore *t, int threads) noexcept nogil:
     cdef int32_t p, i
     cdef int status = 0
     cdef float *fat
+    wide_stale(t)
     t.root = t.sensor_root = NULL_REF
     if n == 0:
         return 0
@@ -738,6 +739,7 @@ cdef int core_bulk_insert(TreeCore *t, const uint64_t *ids, const float *rows, i
     cdef BuildItem *items
     cdef Spread loop
     cdef int64_t i
+    wide_stale(t)
     items = <BuildItem *>malloc(n * sizeof(BuildItem))
     if items == NULL:
         return -1

@@ -5,11 +5,11 @@ the structure's own code in _core.
 core_check also runs on data from from_bytes(), so every index is range-checked before use.
 """
 from libc.float cimport FLT_MAX
-from libc.stdint cimport int32_t, int64_t
+from libc.stdint cimport int32_t, int64_t, uint64_t
 from libc.stdlib cimport free, malloc
 
 from dbvt._core cimport (
-    NULL_REF, PROXY_LIVE, PROXY_SENSOR, Node, Proxy, TreeCore, box_contains, box_cost, core_find, ref_box, ref_height,
+    NULL_REF, PROXY_LIVE, PROXY_SENSOR, Node, Proxy, Quad, TreeCore, box_contains, box_cost, core_find, ref_box, ref_height,
     ref_parent,
 )
 
@@ -167,4 +167,6 @@ cdef int32_t core_height(const TreeCore *t) noexcept nogil:
 cdef int64_t core_memory(const TreeCore *t) noexcept nogil:
     return (<int64_t>t.node_capacity * (sizeof(Node) + 2 * sizeof(int32_t) + sizeof(float))
             + <int64_t>t.proxy_capacity * sizeof(Proxy)
-            + (t.slot_mask + 1) * sizeof(int32_t))
+            + (t.slot_mask + 1) * sizeof(int32_t)
+            + <int64_t>t.wide.quad_capacity * sizeof(Quad)
+            + <int64_t>t.wide.leaf_capacity * (sizeof(uint64_t) + sizeof(int32_t)))

@@ -18,6 +18,17 @@ cdef extern from *:
     """
     void prefetch "DBVT_PREFETCH"(const void *address) noexcept nogil
 
+# A flag that threads share (a C11 atomic int; plain reads and writes of it are sequentially
+# consistent): the wide view's, which one query batch may rebuild while another reads it.
+cdef extern from *:
+    """
+    #include <stdatomic.h>
+    typedef atomic_int dbvt_flag;
+    static inline int dbvt_flag_claim(dbvt_flag *flag) { return atomic_exchange(flag, 1) == 0; }
+    """
+    ctypedef int dbvt_flag
+    bint flag_claim "dbvt_flag_claim"(dbvt_flag *flag) noexcept nogil
+
 cdef enum:
     NULL_REF = -2147483647 - 1     # no node; leaves are ~proxy (< 0), so the null must lie outside
     MAX_PLANES = 32
@@ -94,6 +105,27 @@ ctypedef struct Query:
     const uint32_t *groups          # ...when groups (indexed by proxy) is not NULL
     uint32_t skip_flags             # leaves with any of these Proxy.flags are skipped (sensors)
 
+ctypedef struct Quad:               # four children side by side, tested in one SIMD step: 128 B, two cache lines
+    float lo[3][4]                  # 48 B  min x, y, z of children 0-3 (an axis' four in one register)
+    float hi[3][4]                  # 48 B  max x, y, z of children 0-3
+    int32_t child[4]                # 16 B  >= 0 a quad; < 0 ~leaf, an index into Wide.ids; NULL_REF unused
+    int32_t count                   # 4 B   children in use, from child 0
+    int32_t unused[3]               # 12 B  pads the quad to whole cache lines
+
+ctypedef struct Wide:               # the tree's 4-wide query view (dbvt._wide): boxes and segments walk it
+    Quad *quads                     # 64-byte aligned within `block`; a quad's first child quad follows it
+    void *block                     # the allocation `quads` lies in
+    int32_t quad_capacity
+    int32_t quad_count
+    uint64_t *ids                   # per leaf, in the view's depth-first order: its proxy's id...
+    int32_t *proxies                # ...and its proxy (for the broadphase's groups)
+    int32_t leaf_capacity
+    int32_t rest                    # the quad over every leaf but the sensors', NULL_REF when none
+    int32_t sensors                 # the quad over the sensors' leaves, NULL_REF when none
+    dbvt_flag fresh                 # built since the tree last changed: every function that changes a
+                                    # tight box or the tree's shape clears it
+    dbvt_flag building              # a batch is rebuilding it: another walks the tree meanwhile
+
 ctypedef struct TreeCore:
     Node *nodes                     # pool of internal nodes; WARNING: moves when the pool grows
     int32_t *parents                # per node: the node above, NULL_REF at the root; next free node when
@@ -114,6 +146,7 @@ ctypedef struct TreeCore:
     int32_t sensor_root             # the subtree of the sensors' leaves (see subtree_root), NULL_REF if none
     int32_t dims                    # 2 or 3; 2-D boxes are stored with z = [0, 0]
     float margin                    # fat boxes are the tight box grown by this on every side
+    Wide wide                       # the query view, rebuilt from the tree when a batch needs it
 
 
 ctypedef struct RayHit:             # a ray hit while sorting: 16 bytes
@@ -139,6 +172,13 @@ ctypedef struct Batch:              # the working memory and growing CSR output 
     RayHit *ray_hits                # scratch for sorting one ray's hits
     int64_t ray_capacity
     int64_t max_hits                # past this many hits the batch stops (HIT_LIMIT); -1: no limit
+
+
+cdef inline void wide_stale(TreeCore *t) noexcept nogil:
+    """Mark the wide view stale. Its flag is read first: a store to an atomic costs a fence, and a
+    step's moves come by the thousand, all but the first finding it stale already."""
+    if t.wide.fresh:
+        t.wide.fresh = False
 
 
 cdef int core_init(TreeCore *t, int32_t dims, float margin) noexcept nogil

@@ -106,6 +106,8 @@ cdef int core_init(TreeCore *t, int32_t dims, float margin) noexcept nogil:
     t.sensor_root = NULL_REF
     t.dims = dims
     t.margin = margin
+    memset(&t.wide, 0, sizeof(Wide))
+    t.wide.rest = t.wide.sensors = NULL_REF
     return 0
 
 
@@ -116,6 +118,11 @@ cdef void core_free(TreeCore *t) noexcept nogil:
     free(t.costs)
     free(t.proxies)
     free(t.slots)
+    free(t.wide.block)
+    free(t.wide.ids)
+    free(t.wide.proxies)
+    memset(&t.wide, 0, sizeof(Wide))
+    t.wide.rest = t.wide.sensors = NULL_REF
     t.nodes = NULL
     t.parents = NULL
     t.heights = NULL
@@ -463,6 +470,7 @@ cdef void insert_leaf(TreeCore *t, int32_t proxy, int32_t start) noexcept nogil:
     cdef float *fat = t.proxies[proxy].fat
     cdef bint sensor = (t.proxies[proxy].flags & PROXY_SENSOR) != 0
     cdef int32_t top = subtree_root(t, sensor)
+    wide_stale(t)
     if top == NULL_REF:
         join_subtree(t, leaf, sensor)
         return
@@ -497,6 +505,7 @@ cdef void remove_leaf(TreeCore *t, int32_t proxy) noexcept nogil:
     cdef int32_t leaf = ~proxy
     cdef int32_t parent = t.proxies[proxy].parent
     cdef int32_t grand, sibling, index
+    wide_stale(t)
     t.proxies[proxy].parent = NULL_REF
     if parent == NULL_REF:
         t.root = NULL_REF
@@ -549,6 +558,7 @@ cdef bint core_move(TreeCore *t, int32_t proxy, const float *tight, float predic
     cdef float shift, limit
     cdef float fat[6]
     cdef int i
+    wide_stale(t)
     if box_contains(p.fat, tight):
         memcpy(p.tight, tight, 6 * sizeof(float))
         return False
@@ -574,6 +584,7 @@ cdef void core_place(TreeCore *t, int32_t proxy, const float *tight, const float
     """Give a proxy a new tight box and a new fat box that holds it."""
     cdef Proxy *p = &t.proxies[proxy]
     cdef int32_t start, levels
+    wide_stale(t)
     # The lowest ancestor that holds the new box (moves are mostly short)...
     start = p.parent
     levels = 1

@@ -444,7 +444,7 @@ cdef int run_sweeps(const TreeCore *t, Sweep *s, const float *shapes, const floa
             s.radius = radii[i]
             s.radius_sq = s.radius * s.radius
         s.best = INFINITY
-        if sweep(t, s, &b.stack, b) != 0 or append_by_fraction(t, b, s.first_hit) != 0:
+        if sweep(t, s, &b.stack, b) != 0 or append_by_fraction(t, b, s.first_hit, False) != 0:
             return -1
         if 0 <= b.max_hits < b.count:
             return HIT_LIMIT

@@ -25,6 +25,7 @@ cdef class TreeBase:
     # Threads a large batch of queries is cut over (dbvt._split); a runtime setting, not serialised.
     cdef readonly int threads
 
+    cdef void _refresh_wide(self, int64_t queries)
     cdef object _existing(self, object ids)
     cdef object _check_new(self, object ids)
     cdef object _add(self, object ids, object boxes)

@@ -23,10 +23,11 @@ from dbvt._core cimport (
     HIT_LIMIT, PREDICTION_STEPS, PREFETCH_AHEAD, PROXY_FLAGS, PROXY_LIVE, PROXY_SEEN, PROXY_SENSOR, Batch, IdPair,
     Node, PairBuffer, Proxy, Query, TreeCore,
     cache_costs, core_add, core_find, core_free, core_init, core_move, core_prefetch_find,
-    core_remove, core_reserve, core_split_sensors, load_box, rehash,
+    core_remove, core_reserve, core_split_sensors, load_box, rehash, wide_stale,
 )
 from dbvt._build cimport core_bulk_insert, core_rebuild
 from dbvt._check cimport core_area_ratio, core_check, core_height, core_memory
+from dbvt._wide cimport wide_refresh, wide_worth
 
 cdef extern from *:
     """
@@ -173,8 +174,18 @@ cdef class TreeBase:
         return self.core.margin
 
     cdef void _after_change(self):
+        # A Broadphase also writes tight boxes itself (a sensor moving inside its fat box).
+        wide_stale(&self.core)
         if DBVT_DEBUG_CHECKS:
             self.validate()
+
+    cdef void _refresh_wide(self, int64_t queries):
+        """Before a batch of box or segment queries: rebuild the tree's wide view (dbvt._wide) when it is
+        stale and the batch pays for it; if memory runs out the view stays stale and the batch walks the
+        tree itself."""
+        if wide_worth(&self.core, queries):
+            with nogil:
+                wide_refresh(&self.core)
 
     cdef object _existing(self, object ids):
         """Proxy indices of `ids`, which must be present and distinct."""
@@ -304,6 +315,7 @@ cdef class TreeBase:
         cdef int status
         start_batch(&batch, &r, ROWS_BOXES, mask, groups, False, self.max_hits, skip)
         r.shapes = &rows[0, 0] if n else NULL
+        self._refresh_wide(n)
         with nogil:
             status = run_rows(&self.core, &r, n, self.threads, &off[0], &batch)
         return csr(&batch, status, offsets, False)
@@ -336,6 +348,7 @@ cdef class TreeBase:
         cdef int status
         start_batch(&batch, &r, ROWS_SEGMENTS, mask, groups, first_hit, self.max_hits, skip)
         r.shapes = &rows[0, 0] if n else NULL
+        self._refresh_wide(n)
         with nogil:
             status = run_rows(&self.core, &r, n, self.threads, &off[0], &batch)
         return csr(&batch, status, offsets, True)
@@ -445,6 +458,7 @@ cdef class TreeBase:
             "height": core_height(&self.core),
             "area_ratio": core_area_ratio(&self.core),
             "memory_bytes": core_memory(&self.core),
+            "quads": self.core.wide.quad_count if self.core.wide.fresh else 0,
             "dims": self.core.dims,
             "margin": self.core.margin,
         }
