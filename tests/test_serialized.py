@@ -36,10 +36,14 @@ def test_message_fields_are_given_serialized():
     expected = pb.StreamBatchesRequest(world="a", sequence=300, batch=batch, more_parts=True).SerializeToString()
     assert serialized(pb.StreamBatchesRequest, world="a", sequence=300, batch=batch.SerializeToString(),
                       more_parts=True) == expected
+    # Or as its fields, serialized in place: each column copied once.
+    assert serialized(pb.StreamBatchesRequest, world="a", sequence=300, batch=dict(move_ids=IDS, move_boxes=BOXES),
+                      more_parts=True) == expected
     # An empty message that is set is written, as HasField() would say.
     empty = pb.StreamBatchesResponse(sequence=1, result=pb.BatchResult()).SerializeToString()
     assert serialized(pb.StreamBatchesResponse, sequence=1, result=b"") == empty
     assert serialized(pb.QueryResponse, aabb=b"") == pb.QueryResponse(aabb=pb.QueryAabbResponse()).SerializeToString()
+    assert serialized(pb.ApplyBatchRequest, batch={}) == pb.ApplyBatchRequest(batch=pb.Batch()).SerializeToString()
 
 
 def test_what_cannot_be_serialized_is_refused():

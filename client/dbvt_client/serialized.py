@@ -35,8 +35,9 @@ def varint(value: int) -> bytes:
 
 @lru_cache(maxsize=None)
 def _layout(message_class) -> dict:
-    """Each field's name: (its key bytes, type, whether set-but-default values are still written)."""
-    layout = {}
+    """Each field's name: (its key bytes, type, whether set-but-default values are still written, and a
+    message field's class)."""
+    layout, empty = {}, message_class()
     for field in sorted(message_class.DESCRIPTOR.fields, key=lambda f: f.number):
         if field.is_repeated:
             continue  # no protocol message serialized here has repeated fields
@@ -48,29 +49,40 @@ def _layout(message_class) -> dict:
             wire_type = _VARINT
         else:
             continue
-        layout[field.name] = (varint(field.number << 3 | wire_type), field.type, field.has_presence)
+        inner = type(getattr(empty, field.name)) if field.type == FieldDescriptor.TYPE_MESSAGE else None
+        layout[field.name] = (varint(field.number << 3 | wire_type), field.type, field.has_presence, inner)
     return layout
 
 
 def serialized(message_class, **fields) -> bytes:
     """`message_class(**fields).SerializeToString()`, with each bytes field taken from any C-contiguous
-    buffer (copied once, here) and each message field given as its serialized bytes. A field given as
-    None is left out; one without presence is left out at its default, as protobuf does."""
+    buffer (copied once, here) and each message field given as its serialized bytes or as a dict of
+    its own fields. A field given as None is left out; one without presence is left out at its
+    default, as protobuf does."""
+    pieces, _ = _pieces(message_class, fields)
+    return b"".join(pieces)
+
+
+def _pieces(message_class, fields: dict) -> tuple[list, int]:
+    """The message's serialized pieces, not yet joined, and their total size."""
     layout = _layout(message_class)
     unknown = fields.keys() - layout.keys()
     if unknown:
         raise TypeError(f"{message_class.DESCRIPTOR.full_name} has no field {sorted(unknown)[0]!r} serialized here")
-    pieces = []
-    for name, (key, kind, presence) in layout.items():
+    pieces: list = []
+    for name, (key, kind, presence, inner_class) in layout.items():
         value = fields.get(name)
         if value is None:
             continue
         if kind in _LENGTH_DELIMITED:
-            if kind == FieldDescriptor.TYPE_STRING:
-                value = value.encode()
-            size = memoryview(value).nbytes
+            if isinstance(value, dict):
+                inner, size = _pieces(inner_class, value)
+            else:
+                if kind == FieldDescriptor.TYPE_STRING:
+                    value = value.encode()
+                inner, size = [value], memoryview(value).nbytes
             if size or presence:
-                pieces += (key, varint(size), value)
+                pieces += (key, varint(size), *inner)
         elif kind in _FIXED:
             if value or presence:
                 pieces += (key, _FIXED[kind][1].pack(value))
@@ -80,4 +92,13 @@ def serialized(message_class, **fields) -> bytes:
                 raise ValueError(f"{message_class.DESCRIPTOR.full_name}.{name} cannot hold {value}")
             if value or presence:
                 pieces += (key, varint(value))
-    return b"".join(pieces)
+    return pieces, sum(memoryview(piece).nbytes for piece in pieces)
+
+
+def passing_bytes(serialize):
+    """A gRPC serializer that passes on messages already serialized (bytes) and serializes the rest."""
+
+    def serialized_message(message) -> bytes:
+        return message if isinstance(message, bytes) else serialize(message)
+
+    return serialized_message
