@@ -70,6 +70,7 @@ def _pieces(message_class, fields: dict) -> tuple[list, int]:
     if unknown:
         raise TypeError(f"{message_class.DESCRIPTOR.full_name} has no field {sorted(unknown)[0]!r} serialized here")
     pieces: list = []
+    total = 0
     for name, (key, kind, presence, inner_class) in layout.items():
         value = fields.get(name)
         if value is None:
@@ -82,17 +83,21 @@ def _pieces(message_class, fields: dict) -> tuple[list, int]:
                     value = value.encode()
                 inner, size = [value], memoryview(value).nbytes
             if size or presence:
-                pieces += (key, varint(size), *inner)
+                length = varint(size)
+                pieces += (key, length, *inner)
+                total += len(key) + len(length) + size
         elif kind in _FIXED:
             if value or presence:
                 pieces += (key, _FIXED[kind][1].pack(value))
+                total += len(pieces[-2]) + len(pieces[-1])
         else:
             value = int(value)
             if not 0 <= value < _UNSIGNED[kind]:
                 raise ValueError(f"{message_class.DESCRIPTOR.full_name}.{name} cannot hold {value}")
             if value or presence:
                 pieces += (key, varint(value))
-    return pieces, sum(memoryview(piece).nbytes for piece in pieces)
+                total += len(pieces[-2]) + len(pieces[-1])
+    return pieces, total
 
 
 def passing_bytes(serialize):

@@ -78,18 +78,20 @@ class BroadphaseServicer(ImageRpcs, SensorRpcs, MoveRpcs, pb_grpc.BroadphaseServ
         # What each world RPC runs on the world's thread: the worlds' own, but batches through
         # apply_batch, which also counts them for the metrics.
         self._world_functions = {**WORLD_RPCS, "ApplyBatch": self.apply_batch, "SnapshotWorld": self._snapshot}
-        # A streamed batch's result, serialized on the world's thread.
-        self._serialized_apply = _serializing(self.apply)
 
-    def apply(self, world: World, batch: pb.Batch) -> pb.BatchResult:
-        """On the world's thread: a batch applied, and counted when metrics are on."""
-        result = world.apply(batch)
+    def _applied(self, world: World, batch: pb.Batch) -> dict:
+        """On the world's thread: a batch applied, and counted when metrics are on; its result's fields."""
+        result = world.applied(batch)
         if self.metrics is not None:
             self.metrics.count_batch(batch)
         return result
 
-    def apply_batch(self, world: World, request: pb.ApplyBatchRequest) -> pb.ApplyBatchResponse:
-        return pb.ApplyBatchResponse(result=self.apply(world, request.batch))
+    def apply(self, world: World, batch: pb.Batch) -> bytes:
+        """A streamed batch applied; its BatchResult serialized there, straight from the pair arrays."""
+        return serialized(pb.BatchResult, **self._applied(world, batch))
+
+    def apply_batch(self, world: World, request: pb.ApplyBatchRequest) -> bytes:
+        return serialized(pb.ApplyBatchResponse, result=self._applied(world, request.batch))
 
     def queue_depths(self) -> dict[str, int]:
         """Each world's operations waiting for their turn."""
@@ -375,7 +377,7 @@ class BroadphaseServicer(ImageRpcs, SensorRpcs, MoveRpcs, pb_grpc.BroadphaseServ
     def _start_batch(self, name: str, batch: pb.Batch) -> asyncio.Future:
         try:
             access.require(RIGHTS["StreamBatches"], name)
-            return self._start(self.service.world(name), self._serialized_apply, batch)
+            return self._start(self.service.world(name), self.apply, batch)
         except Exception as exc:
             return _failed(exc)
 

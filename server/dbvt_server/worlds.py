@@ -108,7 +108,13 @@ class World:
 
     # ---- batches -------------------------------------------------------------------------------
     def apply(self, batch: pb.Batch) -> pb.BatchResult:
-        """Validate the whole batch, journal it (a persistent world), apply it, then update().
+        """The batch applied (see `applied`), and its result."""
+        return pb.BatchResult(**{field: pack(value, wire.IDS) if isinstance(value, np.ndarray) else value
+                                 for field, value in self.applied(batch).items()})
+
+    def applied(self, batch: pb.Batch) -> dict:
+        """Validate the whole batch, journal it (a persistent world), apply it, then update(); the
+        fields of its BatchResult, the pairs as arrays (for dbvt_client.serialized).
 
         create runs first: the core checks its own arguments before changing anything. The move and
         destroy ids are checked against the world beforehand whenever an earlier step could already
@@ -127,9 +133,8 @@ class World:
             self.files.applied(self)
         if self.feed is not None:
             self.feed.publish(self.tick, entered, left)
-        return pb.BatchResult(tick=self.tick, begun=pack(begun, wire.IDS), ended=pack(ended, wire.IDS),
-                              incarnation=self.incarnation, entered=pack(entered, wire.IDS),
-                              left=pack(left, wire.IDS))
+        return dict(tick=self.tick, begun=column(begun, wire.IDS), ended=column(ended, wire.IDS),
+                    incarnation=self.incarnation, entered=column(entered, wire.IDS), left=column(left, wire.IDS))
 
     def _checked_apply(self, batch: pb.Batch) -> tuple[np.ndarray, np.ndarray]:
         dims, bp = self.dims, self.broadphase
