@@ -78,6 +78,9 @@ class BroadphaseServicer(ImageRpcs, SensorRpcs, MoveRpcs, pb_grpc.BroadphaseServ
         # What each world RPC runs on the world's thread: the worlds' own, but batches through
         # apply_batch, which also counts them for the metrics.
         self._world_functions = {**WORLD_RPCS, "ApplyBatch": self.apply_batch, "SnapshotWorld": self._snapshot}
+        # The same, each answer serialized there too (answers sent whole or in parts, not SnapshotWorld's).
+        self._serializing_functions = {method: _serializing(function)
+                                       for method, function in self._world_functions.items()}
 
     def _applied(self, world: World, batch: pb.Batch) -> dict:
         """On the world's thread: a batch applied, and counted when metrics are on; its result's fields."""
@@ -128,9 +131,8 @@ class BroadphaseServicer(ImageRpcs, SensorRpcs, MoveRpcs, pb_grpc.BroadphaseServ
             decoded(request)
             access.require(RIGHTS[method], request.world)
             world = self.service.held(request.world) if method in MOVER_RPCS else self.service.world(request.world)
-            function = self._world_functions[method]
-            return await self._start(world, _serializing(function) if serialize else function, request,
-                                     _deadline(context))
+            functions = self._serializing_functions if serialize else self._world_functions
+            return await self._start(world, functions[method], request, _deadline(context))
         except Exception as exc:
             await self._abort(context, method, request, exc)
 
