@@ -197,7 +197,8 @@ class World:
         parts = batches.split(ops, self._client.max_message_bytes(), expected_tick)
         transport = self._client._transport
         if len(parts) == 1:
-            response = transport.unary("ApplyBatch", pb.ApplyBatchRequest(world=self.name, batch=batches.batch_message(parts[0])))
+            request = pb.ApplyBatchRequest(world=self.name, batch=batches.batch_message(parts[0]))
+            response = transport.unary("ApplyBatch", request)
             return batches.decode_result(response.result)
         with self.stream() as stream:
             return stream._apply_parts(parts)

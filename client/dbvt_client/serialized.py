@@ -2,8 +2,8 @@
 
 Building a generated message copies each bytes field into it (after numpy's `tobytes()` has copied it
 out of its array), and serializing copies it twice more. For the protocol's columns, hundreds of
-kilobytes to megabytes a call, those copies (and the fresh pages each lands on) cost more than
-everything else a call does beyond the world's own work. `serialized()` writes the bytes the
+kilobytes to megabytes a call, those copies (and the fresh pages each may land on) are a large part
+of what a call costs beyond the world's own work. `serialized()` writes the bytes the
 generated message's `SerializeToString()` would (fields in number order, as upb writes them), taking
 any C-contiguous buffer (a numpy array of the wire's dtype) for a bytes field and one copy of it.
 """
