@@ -50,8 +50,8 @@ def scripted_batches(seed: int = 0, n: int = 40) -> list[dict]:
 
 def as_message(batch: dict) -> pb.Batch:
     """The Batch message the SDK sends for `batch`."""
-    [message] = sdk_batches.split(sdk_batches.encode(**batch), LIMITS.max_message_bytes)
-    return message
+    [part] = sdk_batches.split(sdk_batches.encode(**batch), LIMITS.max_message_bytes)
+    return sdk_batches.batch_message(part)
 
 
 def expected_states(batches: list[dict]) -> list[tuple]:

@@ -3,6 +3,8 @@ prints every figure between the header and the closing load average, and its pai
 every step equal expected.json's."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from dbvt_server.bench.__main__ import main
@@ -27,6 +29,15 @@ def test_wire_bench_makes_its_w1_data_and_runs(capsys):
     server_lines = [line for line in out.out.splitlines() if ", server " in line]
     assert len(server_lines) == 2 and not any("n/a" in line for line in server_lines)
     assert "pair counts after every step match the oracle's expected.json" in out.out
+    # Each wire target of issue 17, as the issue states it, with its median, range and verdict.
+    for target in ("streamed step, 2 ticks in flight, x in-process",
+                   "tick by tick, beyond in-process and bare gRPC, ms",
+                   "move-only ingest, x in-process throughput", "box queries in one call, x in-process",
+                   "two busy worlds, query calls: scaling, x in-process scaling",
+                   "two busy worlds, W1 steps: scaling, x in-process scaling"):
+        line = next(line for line in lines if target in line)
+        figure = r"-?\d+\.\d\d \(-?\d+\.\d\d--?\d+\.\d\d\)"
+        assert re.search(figure + r"  [<>]= [\d.]+( ms|x): (met|NOT met) \(\d of \d (runs|rounds)\)", line), line
     assert "no directory given: making W1 data" in out.err
     assert "server run 1/1: 4 steps\n" in out.err and "\r" not in out.err, "one plain line per phase"
 

@@ -68,6 +68,28 @@ def test_busy_worlds_take_turns_on_one_thread():
     assert recorder.order == ["a0", "b1", "a1", "b2", "a2", "b3", "a3"]
 
 
+class CountingPool(ThreadPoolExecutor):
+    """A thread pool that counts what is given to it."""
+
+    submitted = 0
+
+    def submit(self, *args, **kwargs):
+        self.submitted += 1
+        return super().submit(*args, **kwargs)
+
+
+def test_a_busy_world_alone_keeps_its_thread():
+    """Handing each operation to the pool again would wake another thread, with cold caches, for each."""
+    release = threading.Event()
+    with CountingPool(4) as pool:
+        queue = WorldQueue(pool)
+        first = queue.submit(release.wait, 30)
+        rest = [queue.submit(time.sleep, 0.001) for _ in range(20)]
+        release.set()
+        wait([first, *rest], 30)
+        assert pool.submitted == 1
+
+
 def test_cancelled_operations_are_dropped_and_failures_reported():
     recorder = Recorder()
     release = threading.Event()

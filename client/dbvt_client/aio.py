@@ -12,15 +12,15 @@ from dbvt_client.client import (DEFAULT_MAX_PROXIES_PER_WORLD, DEFAULT_MAX_WORLD
                                 stats_dict, world_info)
 from dbvt_client.errors import DbvtError, Unavailable, WrongServer, from_exception, from_rpc_error, from_stream_status
 from dbvt_client.results import BatchResult, Crossings, Hits, NearestHits, RayHits, Snapshot, WorldInfo
-from dbvt_client.transport import (ANSWERED_IN_PARTS, QUERY_FIELDS, Connection, answer_too_big, local_transport,
-                                   query_answer, query_set)
+from dbvt_client.transport import (ANSWERED_IN_PARTS, QUERY_FIELDS, Connection, answer_too_big, batch_streams,
+                                   local_transport, query_answer, query_set)
 from dbvt_proto.v1 import broadphase_pb2 as pb
 from dbvt_proto.v1 import broadphase_pb2_grpc as pb_grpc
 
 
 class _GrpcStream:
-    def __init__(self, stub, metadata):
-        self._call = stub.StreamBatches(metadata=metadata)
+    def __init__(self, stream_batches, metadata):
+        self._call = stream_batches(metadata=metadata)
 
     async def write(self, request) -> None:
         try:
@@ -49,6 +49,7 @@ class _AsyncGrpcTransport:
     def __init__(self, connection: Connection):
         self._channel = connection.channel(grpc.aio)
         self._stub = pb_grpc.BroadphaseServiceStub(self._channel)
+        self._stream_batches = batch_streams(self._channel)
         self._timeout = connection.timeout
         self._metadata = connection.metadata
 
@@ -88,7 +89,7 @@ class _AsyncGrpcTransport:
 
     def open_stream(self, world: str) -> _GrpcStream:
         """A batch stream of `world` (a routed client picks the server by it)."""
-        return _GrpcStream(self._stub, self._metadata)
+        return _GrpcStream(self._stream_batches, self._metadata)
 
     async def close(self) -> None:
         await self._channel.close()
@@ -183,7 +184,7 @@ class AsyncWorld:
         ops = batches.encode(create, move, destroy, static, group, mask, sensor)
         parts = batches.split(ops, await self._client.max_message_bytes(), expected_tick)
         if len(parts) == 1:
-            request = pb.ApplyBatchRequest(world=self.name, batch=parts[0])
+            request = pb.ApplyBatchRequest(world=self.name, batch=batches.batch_message(parts[0]))
             return batches.decode_result((await self._client._transport.unary("ApplyBatch", request)).result)
         async with self.stream() as stream:
             return await stream._apply_parts(parts)
@@ -299,10 +300,10 @@ class AsyncBatchStream:
         return await (await self.submit(create, move, destroy, static=static, group=group, mask=mask,
                                         sensor=sensor, expected_tick=expected_tick))
 
-    async def _apply_parts(self, parts: list[pb.Batch]) -> BatchResult:
+    async def _apply_parts(self, parts: list[dict]) -> BatchResult:
         return await (await self._submit_parts(parts))
 
-    async def _submit_parts(self, parts: list[pb.Batch]) -> asyncio.Future:
+    async def _submit_parts(self, parts: list[dict]) -> asyncio.Future:
         if self._closed:
             raise Unavailable("the batch stream is closed")
         if self._failure is not None:

@@ -15,6 +15,7 @@ from dbvt_client import wire
 from dbvt_client.errors import (DbvtError, FailedPrecondition, InvalidArgument, Moving, TickMismatch, Unavailable,
                                 WrongServer, from_exception, from_status_number)
 from dbvt_client.results import BatchResult
+from dbvt_client.serialized import serialized
 from dbvt_proto.v1 import broadphase_pb2 as pb
 
 DEFAULT_GROUP = 1
@@ -139,14 +140,15 @@ def sensor_kinds(sensor, n: int) -> np.ndarray:
     return np.ascontiguousarray(kinds, wire.FLAGS)
 
 
-def split(ops: list[list[_Column]], max_message_bytes: int, expected_tick: int | None = None) -> list[pb.Batch]:
-    """Messages of at most `max_message_bytes`, each a slice of rows of every operation in turn, each
-    carrying `expected_tick` when given."""
+def split(ops: list[list[_Column]], max_message_bytes: int, expected_tick: int | None = None) -> list[dict]:
+    """Batches of at most `max_message_bytes`, each a slice of rows of every operation in turn, each
+    carrying `expected_tick` when given: each batch as its fields, the slices numpy views (copied
+    once, when serialized: `stream_requests`, `batch_message`)."""
     if expected_tick is not None and (isinstance(expected_tick, bool) or not isinstance(expected_tick, (int, np.integer))
                                       or not 0 <= expected_tick < 2**64):
         raise InvalidArgument(f"expected_tick must be None or an integer tick >= 0, not {expected_tick!r}")
     budget = max_message_bytes - MESSAGE_OVERHEAD
-    parts: list[dict[str, bytes]] = [{}]
+    parts: list[dict] = [{}]
     room = budget
     for columns in ops:
         rows = len(columns[0].values)
@@ -161,11 +163,19 @@ def split(ops: list[list[_Column]], max_message_bytes: int, expected_tick: int |
                 room = budget
                 continue
             for column in columns:
-                parts[-1][column.field] = column.values[start:start + take].tobytes()
+                parts[-1][column.field] = column.values[start:start + take]
             start += take
             room -= take * row_bytes
-    tick = {} if expected_tick is None else {"expected_tick": int(expected_tick)}
-    return [pb.Batch(**part, **tick) for part in parts]
+    if expected_tick is not None:
+        for part in parts:
+            part["expected_tick"] = int(expected_tick)
+    return parts
+
+
+def batch_message(part: dict) -> pb.Batch:
+    """A batch of `split` as its generated message."""
+    return pb.Batch(**{field: value.tobytes() if isinstance(value, np.ndarray) else value
+                       for field, value in part.items()})
 
 
 def decode_result(result: pb.BatchResult) -> BatchResult:
@@ -177,9 +187,11 @@ def decode_result(result: pb.BatchResult) -> BatchResult:
                        left=wire.decode_rows(result.left, wire.IDS, 2, "left").copy())
 
 
-def stream_requests(world: str, sequence: int, parts: list[pb.Batch]) -> list[pb.StreamBatchesRequest]:
+def stream_requests(world: str, sequence: int, parts: list[dict]) -> list[bytes]:
+    """The stream's messages of a batch cut by `split`, serialized: each column copied once, straight
+    into its message (dbvt_client.serialized); the transports send them as they are."""
     last = len(parts) - 1
-    return [pb.StreamBatchesRequest(world=world, sequence=sequence, batch=part, more_parts=i < last)
+    return [serialized(pb.StreamBatchesRequest, world=world, sequence=sequence, batch=part, more_parts=i < last)
             for i, part in enumerate(parts)]
 
 

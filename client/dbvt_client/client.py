@@ -197,7 +197,8 @@ class World:
         parts = batches.split(ops, self._client.max_message_bytes(), expected_tick)
         transport = self._client._transport
         if len(parts) == 1:
-            response = transport.unary("ApplyBatch", pb.ApplyBatchRequest(world=self.name, batch=parts[0]))
+            request = pb.ApplyBatchRequest(world=self.name, batch=batches.batch_message(parts[0]))
+            response = transport.unary("ApplyBatch", request)
             return batches.decode_result(response.result)
         with self.stream() as stream:
             return stream._apply_parts(parts)
@@ -328,10 +329,10 @@ class BatchStream:
         return self.submit(create, move, destroy, static=static, group=group, mask=mask, sensor=sensor,
                            expected_tick=expected_tick).result()
 
-    def _apply_parts(self, parts: list[pb.Batch]) -> BatchResult:
+    def _apply_parts(self, parts: list[dict]) -> BatchResult:
         return self._submit_parts(parts).result()
 
-    def _submit_parts(self, parts: list[pb.Batch]) -> Future:
+    def _submit_parts(self, parts: list[dict]) -> Future:
         future: Future = Future()
         with self._lock:
             if self._closed:

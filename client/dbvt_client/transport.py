@@ -12,6 +12,7 @@ import grpc
 from dbvt_client import parts
 from dbvt_client.errors import from_rpc_error, from_stream_status
 from dbvt_client.security import call_metadata, open_channel, tls_settings
+from dbvt_client.serialized import passing_bytes
 from dbvt_proto.v1 import broadphase_pb2 as pb
 from dbvt_proto.v1 import broadphase_pb2_grpc as pb_grpc
 
@@ -28,6 +29,14 @@ ANSWERED_IN_PARTS = ("ApplyBatch", "GetPairs", "ExportWorld", "GetSensorPairs", 
 # Each query RPC's field in a QueryRequest, for query sets sent with Query.
 QUERY_FIELDS = {"QueryAabb": "aabb", "QuerySphere": "sphere", "Raycast": "raycast", "QueryFrustum": "frustum",
                 "QueryNearest": "nearest", "CastBox": "cast_box", "CastSphere": "cast_sphere"}
+
+
+def batch_streams(channel):
+    """`channel`'s (grpc or grpc.aio) StreamBatches method, which sends the requests
+    `batches.stream_requests` serialized as they are."""
+    return channel.stream_stream("/dbvt.v1.BroadphaseService/StreamBatches",
+                                 request_serializer=passing_bytes(pb.StreamBatchesRequest.SerializeToString),
+                                 response_deserializer=pb.StreamBatchesResponse.FromString, _registered_method=True)
 
 
 def answer_too_big(error: grpc.RpcError) -> bool:
@@ -91,6 +100,7 @@ class GrpcTransport:
     def __init__(self, connection: Connection):
         self._channel = connection.channel(grpc)
         self._stub = pb_grpc.BroadphaseServiceStub(self._channel)
+        self._stream_batches = batch_streams(self._channel)
         self._timeout = connection.timeout
         self._metadata = connection.metadata
 
@@ -130,10 +140,10 @@ class GrpcTransport:
         call = self._stub.WatchSensors(request, metadata=self._metadata)
         return call, call.cancel
 
-    def stream(self, requests: Iterable[pb.StreamBatchesRequest], world: str) -> Iterator[pb.StreamBatchesResponse]:
+    def stream(self, requests: Iterable[bytes], world: str) -> Iterator[pb.StreamBatchesResponse]:
         """A batch stream of `world` (a routed client picks the server by it)."""
         try:
-            yield from self._stub.StreamBatches(iter(requests), metadata=self._metadata)
+            yield from self._stream_batches(iter(requests), metadata=self._metadata)
         except grpc.RpcError as error:
             raise from_stream_status(error.code(), error.details()) from None
 

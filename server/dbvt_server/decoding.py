@@ -10,6 +10,7 @@ from __future__ import annotations
 from google.protobuf.message import DecodeError
 
 from dbvt_client.errors import InvalidArgument
+from dbvt_client.serialized import passing_bytes
 
 
 class Undecodable:
@@ -36,9 +37,6 @@ def tolerant(message_class):
 
 
 def bytes_or(serialize):
-    """A serializer that also passes on messages already serialized (a tick shared by watchers)."""
-
-    def serialized(message) -> bytes:
-        return message if isinstance(message, bytes) else serialize(message)
-
-    return serialized
+    """A serializer that also passes on messages already serialized (a tick shared by watchers, an
+    answer serialized on its world's thread)."""
+    return passing_bytes(serialize)

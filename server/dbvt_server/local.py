@@ -88,7 +88,7 @@ class LocalTransport:
 
         return feed(), stop
 
-    def stream(self, requests: Iterable[pb.StreamBatchesRequest], world: str) -> Iterator[pb.StreamBatchesResponse]:
+    def stream(self, requests: Iterable, world: str) -> Iterator[pb.StreamBatchesResponse]:
         staging = self.staging()
         try:
             for request in requests:
@@ -104,8 +104,11 @@ class LocalTransport:
     def staging(self) -> BatchStaging:
         return BatchStaging(self.service.limits.max_proxies_per_world, self.service.staged)
 
-    def stream_step(self, staging: BatchStaging, request: pb.StreamBatchesRequest) -> pb.StreamBatchesResponse | None:
-        """The answer to one stream message: None while a multi-part batch is still arriving."""
+    def stream_step(self, staging: BatchStaging, request) -> pb.StreamBatchesResponse | None:
+        """The answer to one stream message (as the SDK sends it, serialized, or the message): None while a
+        multi-part batch is still arriving."""
+        if isinstance(request, bytes):
+            request = pb.StreamBatchesRequest.FromString(request)
         try:
             batch = staging.add(request)
             if batch is None:

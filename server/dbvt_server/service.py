@@ -315,10 +315,15 @@ class Service:
     def call(self, method: str, request):
         """Any unary RPC, in-process."""
         if method in WORLD_RPCS:
-            return WORLD_RPCS[method](self.world(request.world), request)
+            answer = WORLD_RPCS[method](self.world(request.world), request)
+            # A query's answer comes serialized, ready for the wire.
+            return ANSWER_TYPES[method].FromString(answer) if isinstance(answer, bytes) else answer
         return getattr(self, REGISTRY_RPCS[method])(request)
 
 
+# The message each RPC answers with.
+ANSWER_TYPES = {method.name: getattr(pb, method.output_type.name)
+                for method in pb.DESCRIPTOR.services_by_name["BroadphaseService"].methods}
 REGISTRY_RPCS = {
     "GetServerInfo": "server_info",
     "CreateWorld": "create_world",

@@ -10,6 +10,7 @@ are in their own mixins (dbvt_server.image_rpcs, dbvt_server.sensor_rpcs, dbvt_s
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 import weakref
@@ -19,6 +20,7 @@ import grpc
 
 from dbvt_client import parts
 from dbvt_client.errors import DbvtError, DeadlineExceeded, InvalidArgument, ResourceExhausted, quoted
+from dbvt_client.serialized import serialized
 from dbvt_proto.v1 import broadphase_pb2 as pb
 from dbvt_proto.v1 import broadphase_pb2_grpc as pb_grpc
 from dbvt_server import access, handlers
@@ -29,7 +31,7 @@ from dbvt_server.logs import Rejections, shown
 from dbvt_server.memory import give_back
 from dbvt_server.move_rpcs import MoveRpcs
 from dbvt_server.sensor_rpcs import SensorRpcs
-from dbvt_server.service import Service
+from dbvt_server.service import ANSWER_TYPES, Service
 from dbvt_server.staging import STAGED_BYTES_PER_PROXY, BatchStaging, Hold, stream_error, unfinished_error
 from dbvt_server.world_queue import WorldQueue
 from dbvt_server.worlds import WORLD_RPCS, World, overlap
@@ -76,16 +78,23 @@ class BroadphaseServicer(ImageRpcs, SensorRpcs, MoveRpcs, pb_grpc.BroadphaseServ
         # What each world RPC runs on the world's thread: the worlds' own, but batches through
         # apply_batch, which also counts them for the metrics.
         self._world_functions = {**WORLD_RPCS, "ApplyBatch": self.apply_batch, "SnapshotWorld": self._snapshot}
+        # The same, each answer serialized there too (answers sent whole or in parts, not SnapshotWorld's).
+        self._serializing_functions = {method: _serializing(function)
+                                       for method, function in self._world_functions.items()}
 
-    def apply(self, world: World, batch: pb.Batch) -> pb.BatchResult:
-        """On the world's thread: a batch applied, and counted when metrics are on."""
-        result = world.apply(batch)
+    def _applied(self, world: World, batch: pb.Batch) -> dict:
+        """On the world's thread: a batch applied, and counted when metrics are on; its result's fields."""
+        result = world.applied(batch)
         if self.metrics is not None:
             self.metrics.count_batch(batch)
         return result
 
-    def apply_batch(self, world: World, request: pb.ApplyBatchRequest) -> pb.ApplyBatchResponse:
-        return pb.ApplyBatchResponse(result=self.apply(world, request.batch))
+    def apply(self, world: World, batch: pb.Batch) -> bytes:
+        """A streamed batch applied; its BatchResult serialized there, straight from the pair arrays."""
+        return serialized(pb.BatchResult, **self._applied(world, batch))
+
+    def apply_batch(self, world: World, request: pb.ApplyBatchRequest) -> bytes:
+        return serialized(pb.ApplyBatchResponse, result=self._applied(world, request.batch))
 
     def queue_depths(self) -> dict[str, int]:
         """Each world's operations waiting for their turn."""
@@ -116,30 +125,34 @@ class BroadphaseServicer(ImageRpcs, SensorRpcs, MoveRpcs, pb_grpc.BroadphaseServ
     def _max_message_bytes(self) -> int:
         return self.service.limits.max_message_bytes
 
-    async def _world_rpc(self, method: str, request, context):
+    async def _world_rpc(self, method: str, request, context, serialize: bool = False):
+        """The world function's answer; with `serialize`, serialized on the world's thread (bytes)."""
         try:
             decoded(request)
             access.require(RIGHTS[method], request.world)
             world = self.service.held(request.world) if method in MOVER_RPCS else self.service.world(request.world)
-            return await self._start(world, self._world_functions[method], request, _deadline(context))
+            functions = self._serializing_functions if serialize else self._world_functions
+            return await self._start(world, functions[method], request, _deadline(context))
         except Exception as exc:
             await self._abort(context, method, request, exc)
 
     async def _query_rpc(self, method: str, request, context):
         """A query whose answer goes in one message, or a RESOURCE_EXHAUSTED that says to use Query."""
-        response = await self._world_rpc(method, request, context)
-        size = response.ByteSize()
-        if size > self._max_message_bytes:
-            error = ResourceExhausted(f"the answer of {size} bytes exceeds the server's {self._max_message_bytes}-byte "
-                                      "messages: ask it with Query, which sends it in parts (the SDK does)")
+        answer = await self._world_rpc(method, request, context, serialize=True)
+        if len(answer) > self._max_message_bytes:
+            error = ResourceExhausted(f"the answer of {len(answer)} bytes exceeds the server's "
+                                      f"{self._max_message_bytes}-byte messages: ask it with Query, which sends it "
+                                      "in parts (the SDK does)")
             # Not logged: the SDK asks again with Query, as the protocol says to.
-            await context.abort(error.code, error.message, trailing_metadata=((parts.ANSWER_BYTES_KEY, str(size)),))
-        return response
+            await context.abort(error.code, error.message,
+                                trailing_metadata=((parts.ANSWER_BYTES_KEY, str(len(answer))),))
+        return answer
 
     async def _answer_in_parts(self, method: str, request, context, wrapper_bytes: int = 0):
-        """The answer, cut so that each part, inside a message of `wrapper_bytes` more, fits the limit."""
-        response = await self._world_rpc(method, request, context)
-        for part in parts.cut(response, self._max_message_bytes - wrapper_bytes):
+        """The answer, serialized, or cut so that each part, inside a message of `wrapper_bytes` more,
+        fits the limit (then messages)."""
+        answer = await self._world_rpc(method, request, context, serialize=method not in CUT_AS_MESSAGES)
+        for part in _cut(answer, ANSWER_TYPES[method], self._max_message_bytes - wrapper_bytes):
             yield part
 
     async def _registry_rpc(self, method: str, function, request, context):
@@ -279,7 +292,8 @@ class BroadphaseServicer(ImageRpcs, SensorRpcs, MoveRpcs, pb_grpc.BroadphaseServ
             except Exception as exc:
                 await self._abort(context, QUERY_KINDS.get(kind, "Query"), None, exc)
             async for part in self._answer_in_parts(QUERY_KINDS[kind], request, context, parts.PART_OVERHEAD):
-                yield pb.QueryResponse(**{kind: part})
+                yield serialized(pb.QueryResponse, **{kind: part}) if isinstance(part, bytes) else \
+                    pb.QueryResponse(**{kind: part})
         finally:
             hold.release()
 
@@ -393,10 +407,41 @@ def _unless_late(function, deadline: float):
 STREAM_READ_AHEAD = 4
 
 
-def _stream_parts(sequence: int, result: pb.BatchResult, max_bytes: int):
-    pieces = list(parts.cut(result, max_bytes - parts.PART_OVERHEAD))
+def _stream_parts(sequence: int, result: bytes, max_bytes: int):
+    """A batch's serialized result as the stream's answers: itself wrapped, or cut into parts."""
+    if len(result) <= max_bytes - parts.PART_OVERHEAD:
+        yield serialized(pb.StreamBatchesResponse, sequence=sequence, result=result)
+        return
+    pieces = list(parts.cut(pb.BatchResult.FromString(result), max_bytes - parts.PART_OVERHEAD))
     for number, piece in enumerate(pieces, 1):
         yield pb.StreamBatchesResponse(sequence=sequence, result=piece, more_parts=number < len(pieces))
+
+
+def _serializing(function):
+    """`function`, its answer message serialized where it runs (the world's thread): the event loop
+    then only sends the bytes, and they are made once (an upb message's ByteSize() serializes it)."""
+
+    @functools.wraps(function)
+    def serializing(world: World, request) -> bytes:
+        answer = function(world, request)
+        return answer if isinstance(answer, bytes) else answer.SerializeToString()
+
+    return serializing
+
+
+def _cut(answer, message_class, max_bytes: int):
+    """An answer (a message, or serialized) in parts of at most `max_bytes`: a serialized one that fits
+    as it is, else messages."""
+    if isinstance(answer, bytes):
+        if len(answer) <= max_bytes:
+            return [answer]
+        answer = message_class.FromString(answer)
+    return parts.cut(answer, max_bytes)
+
+
+# Answers cut from their message, not serialized first: a world's image mostly needs several parts.
+CUT_AS_MESSAGES = {"ExportWorld"}
+
 
 
 def _failed(exc: Exception) -> asyncio.Future:

@@ -2,8 +2,10 @@
 
 This is the service itself, transport aside: dbvt-server runs it behind gRPC and `Client.local()`
 calls it in-process (`dbvt_server.local`), so both answer every request (and every bad one) identically. Requests come in
-and responses go out as the generated messages; numpy sits in between. Not thread-safe: callers
-serialize the calls on one world (the server with one lock per world).
+and responses go out as the generated messages, numpy in between; a query's answer, megabytes of hits,
+goes out serialized straight from the core's arrays (dbvt_client.serialized), and the in-process
+transport parses it. Not thread-safe: callers serialize the calls on one world (the server with one
+lock per world).
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import dbvt
 from dbvt import Broadphase, FatPairLimit, HitLimit, validation
 from dbvt_client import wire
 from dbvt_client.errors import InvalidArgument, ResourceExhausted, TickMismatch, quoted
+from dbvt_client.serialized import serialized
 from dbvt_proto.v1 import broadphase_pb2 as pb
 from dbvt_server import images
 
@@ -27,6 +30,11 @@ FAT_PAIRS_PER_PAIR = 4
 
 def pack(arr: np.ndarray, dtype: np.dtype) -> bytes:
     return np.ascontiguousarray(arr, dtype=dtype).tobytes()
+
+
+def column(arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """`arr` as a column of the wire (for `serialized`), copied only if its layout is not the wire's."""
+    return np.ascontiguousarray(arr, dtype=dtype)
 
 
 def _renamed(exc: Exception, field: str) -> Exception:
@@ -100,7 +108,13 @@ class World:
 
     # ---- batches -------------------------------------------------------------------------------
     def apply(self, batch: pb.Batch) -> pb.BatchResult:
-        """Validate the whole batch, journal it (a persistent world), apply it, then update().
+        """The batch applied (see `applied`), and its result."""
+        return pb.BatchResult(**{field: pack(value, wire.IDS) if isinstance(value, np.ndarray) else value
+                                 for field, value in self.applied(batch).items()})
+
+    def applied(self, batch: pb.Batch) -> dict:
+        """Validate the whole batch, journal it (a persistent world), apply it, then update(); the
+        fields of its BatchResult, the pairs as arrays (for dbvt_client.serialized).
 
         create runs first: the core checks its own arguments before changing anything. The move and
         destroy ids are checked against the world beforehand whenever an earlier step could already
@@ -119,9 +133,8 @@ class World:
             self.files.applied(self)
         if self.feed is not None:
             self.feed.publish(self.tick, entered, left)
-        return pb.BatchResult(tick=self.tick, begun=pack(begun, wire.IDS), ended=pack(ended, wire.IDS),
-                              incarnation=self.incarnation, entered=pack(entered, wire.IDS),
-                              left=pack(left, wire.IDS))
+        return dict(tick=self.tick, begun=column(begun, wire.IDS), ended=column(ended, wire.IDS),
+                    incarnation=self.incarnation, entered=column(entered, wire.IDS), left=column(left, wire.IDS))
 
     def _checked_apply(self, batch: pb.Batch) -> tuple[np.ndarray, np.ndarray]:
         dims, bp = self.dims, self.broadphase
@@ -282,61 +295,63 @@ class World:
                 f"the {count} queries hit more than {self.broadphase.max_hits} proxies, the most one call may return "
                 "(--max-hits-per-call); ask them in smaller calls") from None
 
+    def _answer(self, message_class, offsets: np.ndarray, hits: np.ndarray, **columns) -> bytes:
+        """A query's answer, serialized straight from the core's arrays (dbvt_client.serialized)."""
+        return serialized(message_class, tick=self.tick, incarnation=self.incarnation,
+                          offsets=column(offsets, wire.OFFSETS), hits=column(hits, wire.IDS), **columns)
+
     @staticmethod
     def _mask(request) -> int | None:
         return request.mask if request.HasField("mask") else None
 
-    def query_aabb(self, request: pb.QueryAabbRequest) -> pb.QueryAabbResponse:
+    def query_aabb(self, request: pb.QueryAabbRequest) -> bytes:
         boxes = self._floats(request.boxes, (request.count, 2 * self.dims), "boxes")
         with self._hit_limit(request.count):
             offsets, hits = self.broadphase.query_aabb(boxes, mask=self._mask(request),
                                                        include_sensors=request.include_sensors)
-        return pb.QueryAabbResponse(tick=self.tick, incarnation=self.incarnation, offsets=pack(offsets, wire.OFFSETS), hits=pack(hits, wire.IDS))
+        return self._answer(pb.QueryAabbResponse, offsets, hits)
 
-    def query_sphere(self, request: pb.QuerySphereRequest) -> pb.QuerySphereResponse:
+    def query_sphere(self, request: pb.QuerySphereRequest) -> bytes:
         centers = self._floats(request.centers, (request.count, self.dims), "centers")
         radii = wire.decode(request.radii, wire.FLOATS, (request.count,), "radii")
         with self._hit_limit(request.count):
             offsets, hits = self.broadphase.query_sphere(centers, radii, mask=self._mask(request),
                                                          include_sensors=request.include_sensors)
-        return pb.QuerySphereResponse(tick=self.tick, incarnation=self.incarnation, offsets=pack(offsets, wire.OFFSETS), hits=pack(hits, wire.IDS))
+        return self._answer(pb.QuerySphereResponse, offsets, hits)
 
-    def raycast(self, request: pb.RaycastRequest) -> pb.RaycastResponse:
+    def raycast(self, request: pb.RaycastRequest) -> bytes:
         segments = self._floats(request.segments, (request.count, 2 * self.dims), "segments")
         first_hit = request.mode == pb.RAYCAST_MODE_FIRST_HIT
         with self._hit_limit(request.count):
             offsets, hits, fractions = self.broadphase.raycast(segments, first_hit=first_hit, mask=self._mask(request),
                                                                include_sensors=request.include_sensors)
-        return pb.RaycastResponse(tick=self.tick, incarnation=self.incarnation, offsets=pack(offsets, wire.OFFSETS), hits=pack(hits, wire.IDS),
-                                  fractions=pack(fractions, wire.FRACTIONS))
+        return self._answer(pb.RaycastResponse, offsets, hits, fractions=column(fractions, wire.FRACTIONS))
 
-    def query_frustum(self, request: pb.QueryFrustumRequest) -> pb.QueryFrustumResponse:
+    def query_frustum(self, request: pb.QueryFrustumRequest) -> bytes:
         planes = self._floats(request.planes, (request.count, request.planes_per_query, self.dims + 1), "planes")
         with self._hit_limit(request.count):
             offsets, hits = self.broadphase.query_frustum(planes, mask=self._mask(request),
                                                           include_sensors=request.include_sensors)
-        return pb.QueryFrustumResponse(tick=self.tick, incarnation=self.incarnation, offsets=pack(offsets, wire.OFFSETS), hits=pack(hits, wire.IDS))
+        return self._answer(pb.QueryFrustumResponse, offsets, hits)
 
-    def query_nearest(self, request: pb.QueryNearestRequest) -> pb.QueryNearestResponse:
+    def query_nearest(self, request: pb.QueryNearestRequest) -> bytes:
         points = self._floats(request.points, (request.count, self.dims), "points")
         reach = request.max_distance if request.HasField("max_distance") else math.inf
         with self._hit_limit(request.count):
             offsets, hits, distances = self.broadphase.query_nearest(
                 points, request.k, reach, mask=self._mask(request), include_sensors=request.include_sensors)
-        return pb.QueryNearestResponse(tick=self.tick, incarnation=self.incarnation, offsets=pack(offsets, wire.OFFSETS),
-                                       hits=pack(hits, wire.IDS), distances=pack(distances, wire.FLOATS))
+        return self._answer(pb.QueryNearestResponse, offsets, hits, distances=column(distances, wire.FLOATS))
 
-    def cast_box(self, request: pb.CastBoxRequest) -> pb.CastBoxResponse:
+    def cast_box(self, request: pb.CastBoxRequest) -> bytes:
         boxes = self._floats(request.boxes, (request.count, 2 * self.dims), "boxes")
         moves = self._floats(request.displacements, (request.count, self.dims), "displacements")
         with self._hit_limit(request.count):
             offsets, hits, fractions = self.broadphase.cast_box(boxes, moves, first_hit=request.first_hit,
                                                                 mask=self._mask(request),
                                                                 include_sensors=request.include_sensors)
-        return pb.CastBoxResponse(tick=self.tick, incarnation=self.incarnation, offsets=pack(offsets, wire.OFFSETS),
-                                  hits=pack(hits, wire.IDS), fractions=pack(fractions, wire.FRACTIONS))
+        return self._answer(pb.CastBoxResponse, offsets, hits, fractions=column(fractions, wire.FRACTIONS))
 
-    def cast_sphere(self, request: pb.CastSphereRequest) -> pb.CastSphereResponse:
+    def cast_sphere(self, request: pb.CastSphereRequest) -> bytes:
         centers = self._floats(request.centers, (request.count, self.dims), "centers")
         radii = wire.decode(request.radii, wire.FLOATS, (request.count,), "radii")
         moves = self._floats(request.displacements, (request.count, self.dims), "displacements")
@@ -344,8 +359,7 @@ class World:
             offsets, hits, fractions = self.broadphase.cast_sphere(centers, radii, moves, first_hit=request.first_hit,
                                                                    mask=self._mask(request),
                                                                    include_sensors=request.include_sensors)
-        return pb.CastSphereResponse(tick=self.tick, incarnation=self.incarnation, offsets=pack(offsets, wire.OFFSETS),
-                                     hits=pack(hits, wire.IDS), fractions=pack(fractions, wire.FRACTIONS))
+        return self._answer(pb.CastSphereResponse, offsets, hits, fractions=column(fractions, wire.FRACTIONS))
 
     def pairs(self, request: pb.GetPairsRequest) -> pb.GetPairsResponse:
         return pb.GetPairsResponse(tick=self.tick, incarnation=self.incarnation, pairs=pack(self.broadphase.pairs(), wire.IDS))

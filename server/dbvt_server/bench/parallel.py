@@ -154,10 +154,15 @@ class Scaling:
     twos: list[Round]
 
     @property
+    def round_ratios(self) -> list[float]:
+        """Each two-world round's rate against the one-world round's just before it, so that the
+        machine's changes of speed from minute to minute cancel."""
+        return [two.rate / one.rate for one, two in zip(self.ones, self.twos)]
+
+    @property
     def ratio(self) -> float:
-        """The median of the rounds' own ratios: each two-world round against the one-world round just
-        before it, so that the machine's changes of speed from minute to minute cancel."""
-        return statistics.median(two.rate / one.rate for one, two in zip(self.ones, self.twos))
+        """The median of the rounds' own ratios."""
+        return statistics.median(self.round_ratios)
 
 
 def scaling(job_for: Callable[[int], Job], window: float, server: ThreadMeter | None, repeats: int) -> Scaling:
@@ -277,5 +282,5 @@ def report(wire: dict[str, Scaling], local: dict[str, Scaling], window: float) -
             lines.append(f"{f'{label}, {where}':34}{one.rate:10.2f}{two.rate:10.2f}{figures.ratio:8.2f}"
                          f"{_change(one.used, two.used):>14}{_change(one.runnable, two.runnable):>14}"
                          f"{_change(one.client, two.client):>14}"
-                         f"{'  target >= 1.6x' if where == 'server' else ''}")
+                         f"{f'  {figures.ratio / local[key].ratio:.2f}x in-process' if where == 'server' else ''}")
     return lines

@@ -8,10 +8,13 @@ The steps are streamed twice, each time to a new world: tick by tick (send a ste
 pair changes) and with two ticks in flight (send step t+1, then read step t's answer), which the
 stream is built for; the in-process figures beside them are the median and the mean step. Beside the
 tick-by-tick figure stand two controls: bare gRPC with the same message sizes and work time
-(dbvt_server.bench.floor), and the in-process step taken after its thread has slept as long as a
+(dbvt_server.bench.floor, measured after each run, so that the time beyond it pairs with the run's),
+and the in-process step taken after its thread has slept as long as a
 world thread does between ticks. Move-only ingest streams every step's moves again, all pipelined,
 to a query-only world (track_pairs=False, so nothing comes back but the tick) that has seen every
-step once before. The two-busy-worlds figures are described in dbvt_server.bench.parallel.
+step once before. The two-busy-worlds figures are described in dbvt_server.bench.parallel. Last,
+each wire target of issue 17 is shown as the issue states it, with its median and range over the
+runs (the two busy worlds: over the rounds) and whether the median meets it.
 """
 from __future__ import annotations
 
@@ -195,44 +198,95 @@ def median_of(runs: list[dict], key: str) -> float:
     return statistics.median(run[key] for run in runs)
 
 
+def ratios(wire: list[dict], local: list[dict], key: str, local_key: str | None = None) -> list[float]:
+    """Each run's wire/in-process ratio: the two sides of a run ran seconds apart, so pairing them
+    cancels most of the machine's drift from run to run."""
+    return [w[key] / l[local_key or key] for w, l in zip(wire, local)]
+
+
 def ratio_of(wire: list[dict], local: list[dict], key: str, local_key: str | None = None) -> float:
-    """The median over runs of each run's wire/in-process ratio: the two sides of a run ran seconds
-    apart, so pairing them cancels most of the machine's drift from run to run."""
-    return statistics.median(w[key] / l[local_key or key] for w, l in zip(wire, local))
+    """The median over runs of each run's wire/in-process ratio."""
+    return statistics.median(ratios(wire, local, key, local_key))
 
 
-def wire_floor(work: Workload, wire: list[dict], local: list[dict]) -> float:
-    """Seconds bare gRPC adds to a tick-by-tick step: the same message sizes, the same work time."""
+def wire_floor(work: Workload, wire: dict, local: dict) -> float:
+    """Seconds bare gRPC adds to a tick-by-tick step of a run: the same message sizes, the same work
+    time, measured right after the run, so that the figure beyond it is paired as the ratios are."""
     request_bytes = work.move_ids.shape[1] * (8 + 4 * work.move_boxes.shape[2])   # uint64 ids, float32 boxes
-    return bench_floor.floor(median_of(local, "step"), request_bytes, int(median_of(wire, "answer_bytes")))
+    return bench_floor.floor(local["step"], request_bytes, int(wire["answer_bytes"]))
 
 
-def report(work: Workload, wire: list[dict], local: list[dict], floor: float) -> list[str]:
+def spread(values: list[float], digits: int = 2) -> str:
+    """The median and the range of `values`."""
+    return f"{statistics.median(values):.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
+
+
+def verdict(values: list[float], at_most: float | None = None, at_least: float | None = None,
+            unit: str = "runs") -> str:
+    """Whether the median of `values` meets its target, and in how many of the runs (or rounds)."""
+    met = [(at_most is None or v <= at_most) and (at_least is None or v >= at_least) for v in values]
+    median = statistics.median(values)
+    whole = (at_most is None or median <= at_most) and (at_least is None or median >= at_least)
+    return f"{'met' if whole else 'NOT met'} ({sum(met)} of {len(met)} {unit})"
+
+
+def targets(wire: list[dict], local: list[dict], queries: int, parallel_wire: dict | None = None,
+            parallel_local: dict | None = None) -> list[str]:
+    """The wire targets of issue 17, each a figure per run (the two busy worlds: per round), its
+    median and range, and whether the median meets it."""
+    figures = [
+        ("streamed step, 2 ticks in flight, x in-process", ratios(wire, local, "ahead"), "<= 1.3x", 1.3, None, "runs"),
+        ("tick by tick, beyond in-process and bare gRPC, ms",
+         [((w["step"] - l["step"]) - w["floor"]) * 1e3 for w, l in zip(wire, local)], "<= 0.3 ms", 0.3, None,
+         "runs"),
+        # Throughput against throughput: the in-process seconds over the wire's, for the same moves.
+        ("move-only ingest, x in-process throughput",
+         [l["quiet_ingest"] / w["quiet_ingest"] for w, l in zip(wire, local)], ">= 0.6x", None, 0.6, "runs"),
+        (f"{queries // 1000}k box queries in one call, x in-process", ratios(wire, local, "query"),
+         "<= 1.3x", 1.3, None, "runs"),
+    ]
+    for key, label in (("query", "query calls"), ("steps", "W1 steps")):
+        if parallel_wire is not None:
+            # Each round's scaling over the in-process control's (its median: it ran apart from them).
+            control = parallel_local[key].ratio
+            figures.append((f"two busy worlds, {label}: scaling, x in-process scaling",
+                            [r / control for r in parallel_wire[key].round_ratios], ">= 0.9x", None, 0.9, "rounds"))
+    lines = ["the wire targets (issue 17): median (range) of the runs"]
+    for label, values, target, at_most, at_least, unit in figures:
+        lines.append(f"  {label:54}{spread(values):>20}  {target}: {verdict(values, at_most, at_least, unit)}")
+    return lines
+
+
+def report(work: Workload, wire: list[dict], local: list[dict]) -> list[str]:
     n, moves = len(work.ids), work.move_ids.shape[1]
     total_moves = moves * work.steps
 
-    def row(label: str, key: str, scale: float, digits: int, target: str) -> str:
+    def row(label: str, key: str, scale: float, digits: int) -> str:
         return (f"{label:40}{median_of(wire, key) * scale:14.{digits}f}{median_of(local, key) * scale:12.{digits}f}"
-                f"{ratio_of(wire, local, key):8.2f}  {target}")
+                f"{ratio_of(wire, local, key):8.2f}")
 
     lines = [
         f"W1: N={n}, {work.steps} steps of {moves} moves, {len(work.q_aabb)} box queries; "
         f"medians of {len(wire)} runs; ratio: median of the runs' own ratios",
-        f"{'':40}{'server (wire)':>14}{'in-process':>12}{'ratio':>8}  target",
-        row("create all, ms", "create", 1e3, 1, ""),
-        row("streamed step, tick by tick, ms", "step", 1e3, 2, "<= 1.5x"),
+        f"{'':40}{'server (wire)':>14}{'in-process':>12}{'ratio':>8}",
+        row("create all, ms", "create", 1e3, 1),
+        row("streamed step, tick by tick, ms", "step", 1e3, 2),
         f"{'  beyond the in-process step, ms':40}{(median_of(wire, 'step') - median_of(local, 'step')) * 1e3:14.2f}",
-        f"{'  bare gRPC, same sizes and work, ms':40}{floor * 1e3:14.2f}  (dbvt_server.bench.floor)",
+        f"{'  bare gRPC, same sizes and work, ms':40}{median_of(wire, 'floor') * 1e3:14.2f}"
+        "  (dbvt_server.bench.floor, after each run)",
         f"{f'  in-process after {REST_BEFORE_STEP * 1e3:.0f} ms asleep, ms':40}{'':14}"
         f"{median_of(local, 'rested_step') * 1e3:12.2f}{ratio_of(wire, local, 'step', 'rested_step'):8.2f}"
         "  (the tick-by-tick step against it)",
-        row(f"streamed step, {STEPS_AHEAD} ticks in flight, ms", "ahead", 1e3, 2, "<= 1.5x"),
+        # Not the target's figure: the bare server's work is a busy wait, which no idle time slows.
+        f"{'  beyond it and bare gRPC, ms':40}"
+        f"{statistics.median((w['step'] - l['rested_step'] - w['floor']) * 1e3 for w, l in zip(wire, local)):14.2f}"
+        "  (median of the runs)",
+        row(f"streamed step, {STEPS_AHEAD} ticks in flight, ms", "ahead", 1e3, 2),
         f"{'  the same, M moves/s with pair changes':40}{moves / median_of(wire, 'ahead') / 1e6:14.2f}"
         f"{moves / median_of(local, 'ahead') / 1e6:12.2f}",
         f"{'move-only ingest (query-only world), M/s':40}{total_moves / median_of(wire, 'quiet_ingest') / 1e6:14.2f}"
-        f"{total_moves / median_of(local, 'quiet_ingest') / 1e6:12.2f}"
-        f"{ratio_of(wire, local, 'quiet_ingest'):8.2f}  >= 3 M/s",
-        row(f"{len(work.q_aabb) // 1000}k box queries in one call, ms", "query", 1e3, 2, "<= 1.5x"),
+        f"{total_moves / median_of(local, 'quiet_ingest') / 1e6:12.2f}",
+        row(f"{len(work.q_aabb) // 1000}k box queries in one call, ms", "query", 1e3, 2),
     ]
     if work.expected is not None:
         expected = work.expected["pairs_per_step"][:work.steps]
@@ -270,8 +324,8 @@ def run(args, facts: dict) -> int:
                          lambda: local.append(local_run(work, Progress(f"in-process {label}", work.steps)))]
                 for side in sides[::1 if attempt % 2 == 0 else -1]:
                     side()
-            sys.stderr.write("bare gRPC round trips...\n")
-            floor = wire_floor(work, wire, local)
+                sys.stderr.write(f"bare gRPC round trips {label}\n")
+                wire[-1]["floor"] = wire_floor(work, wire[-1], local[-1])
             sys.stderr.write("two busy worlds...\n")
             parallel_wire = bench_parallel.over_the_wire(client, target, work, server_pid, args.window,
                                                         args.repeats)
@@ -280,7 +334,8 @@ def run(args, facts: dict) -> int:
         if process is not None:
             process.terminate()
             process.wait(30)
-    lines = report(work, wire, local, floor) + bench_parallel.report(parallel_wire, parallel_local, args.window)
+    lines = (report(work, wire, local) + bench_parallel.report(parallel_wire, parallel_local, args.window)
+             + targets(wire, local, len(work.q_aabb), parallel_wire, parallel_local))
     print("\n".join(lines))
     console.footer(facts)
     return 0

@@ -1,0 +1,109 @@
+"""Protocol messages serialized straight from their columns, each column copied once.
+
+Building a generated message copies each bytes field into it (after numpy's `tobytes()` has copied it
+out of its array), and serializing copies it twice more. For the protocol's columns, hundreds of
+kilobytes to megabytes a call, those copies (and the fresh pages each may land on) are a large part
+of what a call costs beyond the world's own work. `serialized()` writes the bytes the
+generated message's `SerializeToString()` would (fields in number order, as upb writes them), taking
+any C-contiguous buffer (a numpy array of the wire's dtype) for a bytes field and one copy of it.
+"""
+from __future__ import annotations
+
+import struct
+from functools import lru_cache
+
+from google.protobuf.descriptor import FieldDescriptor
+
+_VARINT, _FIXED64, _LENGTH, _FIXED32 = 0, 1, 2, 5
+_UNSIGNED = {FieldDescriptor.TYPE_UINT32: 2**32, FieldDescriptor.TYPE_UINT64: 2**64,
+             FieldDescriptor.TYPE_ENUM: 2**31, FieldDescriptor.TYPE_BOOL: 2}
+_FIXED = {FieldDescriptor.TYPE_DOUBLE: (_FIXED64, struct.Struct("<d")),
+          FieldDescriptor.TYPE_FLOAT: (_FIXED32, struct.Struct("<f"))}
+_LENGTH_DELIMITED = (FieldDescriptor.TYPE_STRING, FieldDescriptor.TYPE_BYTES, FieldDescriptor.TYPE_MESSAGE)
+
+
+def varint(value: int) -> bytes:
+    if value < 0x80:
+        return bytes((value,))
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+@lru_cache(maxsize=None)
+def _layout(message_class) -> dict:
+    """Each field's name: (its key bytes, type, whether set-but-default values are still written, and a
+    message field's class)."""
+    layout, empty = {}, message_class()
+    for field in sorted(message_class.DESCRIPTOR.fields, key=lambda f: f.number):
+        if field.is_repeated:
+            continue  # no protocol message serialized here has repeated fields
+        if field.type in _LENGTH_DELIMITED:
+            wire_type = _LENGTH
+        elif field.type in _FIXED:
+            wire_type = _FIXED[field.type][0]
+        elif field.type in _UNSIGNED:
+            wire_type = _VARINT
+        else:
+            continue
+        inner = type(getattr(empty, field.name)) if field.type == FieldDescriptor.TYPE_MESSAGE else None
+        layout[field.name] = (varint(field.number << 3 | wire_type), field.type, field.has_presence, inner)
+    return layout
+
+
+def serialized(message_class, **fields) -> bytes:
+    """`message_class(**fields).SerializeToString()`, with each bytes field taken from any C-contiguous
+    buffer (copied once, here) and each message field given as its serialized bytes or as a dict of
+    its own fields. A field given as None is left out; one without presence is left out at its
+    default, as protobuf does."""
+    pieces, _ = _pieces(message_class, fields)
+    return b"".join(pieces)
+
+
+def _pieces(message_class, fields: dict) -> tuple[list, int]:
+    """The message's serialized pieces, not yet joined, and their total size."""
+    layout = _layout(message_class)
+    unknown = fields.keys() - layout.keys()
+    if unknown:
+        raise TypeError(f"{message_class.DESCRIPTOR.full_name} has no field {sorted(unknown)[0]!r} serialized here")
+    pieces: list = []
+    total = 0
+    for name, (key, kind, presence, inner_class) in layout.items():
+        value = fields.get(name)
+        if value is None:
+            continue
+        if kind in _LENGTH_DELIMITED:
+            if isinstance(value, dict):
+                inner, size = _pieces(inner_class, value)
+            else:
+                if kind == FieldDescriptor.TYPE_STRING:
+                    value = value.encode()
+                inner, size = [value], memoryview(value).nbytes
+            if size or presence:
+                length = varint(size)
+                pieces += (key, length, *inner)
+                total += len(key) + len(length) + size
+        elif kind in _FIXED:
+            if value or presence:
+                pieces += (key, _FIXED[kind][1].pack(value))
+                total += len(pieces[-2]) + len(pieces[-1])
+        else:
+            value = int(value)
+            if not 0 <= value < _UNSIGNED[kind]:
+                raise ValueError(f"{message_class.DESCRIPTOR.full_name}.{name} cannot hold {value}")
+            if value or presence:
+                pieces += (key, varint(value))
+                total += len(pieces[-2]) + len(pieces[-1])
+    return pieces, total
+
+
+def passing_bytes(serialize):
+    """A gRPC serializer that passes on messages already serialized (bytes) and serializes the rest."""
+
+    def serialized_message(message) -> bytes:
+        return message if isinstance(message, bytes) else serialize(message)
+
+    return serialized_message
