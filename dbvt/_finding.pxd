@@ -109,9 +109,8 @@ ctypedef struct Retest:             # a change stage 2 found, for one thread to 
     int32_t visit                   # ...flips (0), or is a sensor's that one thread re-tests (1)
 
 ctypedef struct Retests:            # what retest_all found: each chunk's changes, in one thread's buffer
-    Retest **found                  # a buffer a thread
-    int64_t *found_count
-    int64_t *found_capacity
+    Retest **found                  # a buffer a thread...
+    int64_t *found_count            # ...and how many changes it holds
     int64_t *chunk_first            # per chunk of FIND_CHUNK moved proxies: its first change...
     int64_t *chunk_count            # ...how many...
     int32_t *chunk_worker           # ...and whose buffer holds them
