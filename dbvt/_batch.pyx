@@ -4,7 +4,7 @@ appended to one growing CSR output; and the sorting they share with the broadpha
 from libc.math cimport INFINITY
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc, realloc
-from libc.string cimport memcpy
+from libc.string cimport memcpy, memset
 
 from dbvt._core cimport (
     HIT_LIMIT, PROXY_LIVE, QUERY_BOX, QUERY_FRUSTUM, QUERY_RAY, QUERY_SPHERE, Batch, Hits, IdPair, PairBuffer, Query,
@@ -18,6 +18,9 @@ from dbvt._wide cimport wide_serves, wide_walk
 
 cdef enum:
     MERGE_FROM = 64     # from this many items, a short unsorted prefix before a sorted run is merged in
+    RADIX_FROM = 2048   # from this many pairs, a radix sort: a dense step's 5,000 pair changes took 7 %
+                        # of it in quicksort's comparisons
+    RADIX_BITS = 11     # a radix pass's digit: 2,048 counters stay in L1
 
 ctypedef fused Sortable:
     int32_t
@@ -66,7 +69,56 @@ cdef void sort_items(Sortable *items, int64_t n) noexcept nogil:
             merge_back(items, part, end, n)
             free(part)
             return
+    if Sortable is IdPair:
+        if n >= RADIX_FROM and radix_pairs(items, n) == 0:
+            return
     quicksort_items(items, n)
+
+
+cdef int radix_pairs(IdPair *pairs, int64_t n) noexcept nogil:
+    """Pairs sorted by (a, b) with a least-significant-digit radix sort over the bits the ids use (two
+    passes a key for ids under 2^22): a few passes over the pairs instead of n log n comparisons. -1,
+    untouched, when memory ran out."""
+    cdef IdPair *spare = <IdPair *>malloc(n * sizeof(IdPair))
+    cdef IdPair *source = pairs
+    cdef IdPair *target = spare
+    cdef IdPair *swap
+    cdef int64_t counts[1 << RADIX_BITS]
+    cdef int64_t i, total, count
+    cdef uint64_t used_a = 0, used_b = 0, digit
+    cdef int key, shift, bits
+    if spare == NULL:
+        return -1
+    for i in range(n):
+        used_a |= pairs[i].a
+        used_b |= pairs[i].b
+    for key in range(2):                    # b first: the sort of each pass keeps the order before
+        bits = 0
+        while bits < 64 and ((used_a if key else used_b) >> bits) != 0:
+            bits += 1
+        shift = 0
+        while shift < bits:
+            memset(counts, 0, sizeof(counts))
+            for i in range(n):
+                digit = ((source[i].a if key else source[i].b) >> shift) & ((1 << RADIX_BITS) - 1)
+                counts[digit] += 1
+            total = 0
+            for i in range(1 << RADIX_BITS):
+                count = counts[i]
+                counts[i] = total
+                total += count
+            for i in range(n):
+                digit = ((source[i].a if key else source[i].b) >> shift) & ((1 << RADIX_BITS) - 1)
+                target[counts[digit]] = source[i]
+                counts[digit] += 1
+            swap = source
+            source = target
+            target = swap
+            shift += RADIX_BITS
+    if source != pairs:
+        memcpy(pairs, source, n * sizeof(IdPair))
+    free(spare)
+    return 0
 
 
 cdef void merge_front(Sortable *items, const Sortable *prefix, int64_t count, int64_t n) noexcept nogil:

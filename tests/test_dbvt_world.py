@@ -157,3 +157,28 @@ def test_two_worlds_used_from_two_threads_answer_as_when_alone():
     for i in range(2):
         assert len(together[i]) == len(alone[i])
         assert all(np.array_equal(a, b) for a, b in zip(together[i], alone[i])), f"world {i}"
+
+
+@pytest.mark.parametrize("id_bits", [12, 40, 64])
+def test_thousands_of_pair_changes_come_sorted_whatever_the_ids(id_bits):
+    """An update with more pair changes than RADIX_FROM (2,048) sorts them by radix over the bits the
+    ids use: ids of 12 bits (two passes a key), 40 and 64 (six), pairs begun and ended in one update."""
+    rng = np.random.default_rng(id_bits)
+    n = 3000
+    ids = np.unique(rng.integers(0, 2 ** id_bits - 1, size=2 * n, dtype=np.uint64, endpoint=True))[:n]
+    ids = rng.permutation(ids)
+    centres = rng.uniform(0, 60, size=(len(ids), 2))
+    boxes = np.concatenate([centres - 1.2, centres + 1.2], axis=1).astype(np.float32)
+    real, ref = dbvt.Broadphase(dims=2), reference.Broadphase(dims=2)
+    for bp in (real, ref):
+        bp.create(ids, boxes)
+    for step in range(3):
+        begun, ended = real.update()
+        expected = ref.update()
+        assert_same_pairs(begun, expected[0], f"step {step} begun")
+        assert_same_pairs(ended, expected[1], f"step {step} ended")
+        assert len(begun) + len(ended) > 2048
+        centres = rng.uniform(0, 60, size=(len(ids), 2))
+        boxes = np.concatenate([centres - 1.2, centres + 1.2], axis=1).astype(np.float32)
+        for bp in (real, ref):
+            bp.move(ids, boxes)
