@@ -1,4 +1,5 @@
-"""threads=: a batch of queries cut over several threads answers byte for byte as one thread does.
+"""threads=: a batch of queries cut over several threads answers byte for byte as one thread does, and
+an update whose stages find their changes on the threads steps as one thread does.
 
 Each query kind runs on one W1-like world held by structures that differ only in `threads`, with
 batches large enough to be cut (64 rows a thread and more), too small to be cut, empty, and cut into
