@@ -84,24 +84,27 @@ cdef inline int64_t limit_after(int64_t max_hits, int64_t count) noexcept nogil:
 
 cdef void run_worker(void *context, int worker) noexcept nogil:
     """Take chunks in row order until none is left, or one has failed. Every chunk taken is run, so
-    those run are the first ones: combine() needs no chunk it does not have."""
+    those run are the first ones: combine() needs no chunk it does not have. The thread's Batch is a
+    local while it works: side by side in one array, two threads' Batches share a cache line, which
+    both would write at every hit."""
     cdef Job *job = <Job *>context
-    cdef Batch *b = &job.batches[worker]
+    cdef Batch b = job.batches[worker]
     cdef Chunk *chunk
     cdef int c
     while not counter_get(&job.failed):
         c = counter_take(&job.next)
         if c >= job.chunk_count:
-            return
+            break
         chunk = &job.chunks[c]
         chunk.worker = worker
         chunk.first = b.count
         b.max_hits = limit_after(job.max_hits, b.count)
-        chunk.status = run_range(job.t, job.rows, chunk.start, chunk.end, job.scratch + chunk.start + c, b)
+        chunk.status = run_range(job.t, job.rows, chunk.start, chunk.end, job.scratch + chunk.start + c, &b)
         chunk.count = b.count - chunk.first
         if chunk.status != 0:
             counter_set(&job.failed, 1)
-            return
+            break
+    job.batches[worker] = b
 
 
 cdef int combine(const Job *job) noexcept nogil:
