@@ -6,6 +6,7 @@
 # touches Python objects.
 from libc.float cimport FLT_MAX
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
+from libc.stdlib cimport realloc
 from libc.string cimport memcpy
 
 cdef extern from *:
@@ -199,6 +200,23 @@ cdef void core_set_sensor(TreeCore *t, int32_t proxy, uint32_t flag) noexcept no
 cdef int core_split_sensors(TreeCore *t) noexcept nogil
 cdef void load_box(const float *row, int32_t dims, float *out) noexcept nogil
 cdef void cache_costs(TreeCore *t) noexcept nogil
+
+cdef inline int stack_push(Stack *stack, int32_t ref, uint32_t pending) noexcept nogil:
+    """Push a reference (and, for frusta, the planes it may still cross); the walkers' one stack."""
+    cdef StackEntry *entries
+    cdef int64_t capacity
+    if stack.count == stack.capacity:
+        capacity = 2 * stack.capacity if stack.capacity else 64
+        entries = <StackEntry *>realloc(stack.entries, capacity * sizeof(StackEntry))
+        if entries == NULL:
+            return -1
+        stack.entries = entries
+        stack.capacity = capacity
+    stack.entries[stack.count].ref = ref
+    stack.entries[stack.count].pending = pending
+    stack.count += 1
+    return 0
+
 
 cdef int walk(const TreeCore *t, Query *q, Stack *stack, Hits *hits) noexcept nogil
 cdef void stack_free(Stack *stack) noexcept nogil

@@ -813,22 +813,6 @@ cdef inline bint test_leaf(const Kind *kind, const Query *q, const Proxy *leaf, 
         return True
 
 
-cdef inline int stack_push(Stack *stack, int32_t ref, uint32_t pending) noexcept nogil:
-    cdef StackEntry *entries
-    cdef int64_t capacity
-    if stack.count == stack.capacity:
-        capacity = 2 * stack.capacity if stack.capacity else 64
-        entries = <StackEntry *>realloc(stack.entries, capacity * sizeof(StackEntry))
-        if entries == NULL:
-            return -1
-        stack.entries = entries
-        stack.capacity = capacity
-    stack.entries[stack.count].ref = ref
-    stack.entries[stack.count].pending = pending
-    stack.count += 1
-    return 0
-
-
 cdef int hits_push(Hits *hits, int32_t proxy, double fraction) noexcept nogil:
     cdef int64_t capacity
     cdef int32_t *proxies

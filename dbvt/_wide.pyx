@@ -23,8 +23,8 @@ from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcpy
 
 from dbvt._core cimport (
-    NULL_REF, PREFETCH_AHEAD, PROXY_SENSOR, QUERY_BOX, QUERY_RAY, Hits, Quad, Query, Stack, StackEntry, TreeCore, Wide,
-    flag_claim, hits_push, prefetch, subtree_root,
+    NULL_REF, PREFETCH_AHEAD, PROXY_SENSOR, QUERY_BOX, QUERY_RAY, Hits, Quad, Query, Stack, TreeCore, Wide,
+    flag_claim, hits_push, prefetch, stack_push, subtree_root,
 )
 
 cdef extern from *:
@@ -363,21 +363,6 @@ cdef bint wide_serves(const TreeCore *t, const Query *q) noexcept nogil:
             and (q.skip_flags & ~(<uint32_t>PROXY_SENSOR)) == 0)
 
 
-cdef inline int push(Stack *stack, int32_t quad) noexcept nogil:
-    cdef StackEntry *entries
-    cdef int64_t capacity
-    if stack.count == stack.capacity:
-        capacity = 2 * stack.capacity if stack.capacity else 64
-        entries = <StackEntry *>realloc(stack.entries, capacity * sizeof(StackEntry))
-        if entries == NULL:
-            return -1
-        stack.entries = entries
-        stack.capacity = capacity
-    stack.entries[stack.count].ref = quad
-    stack.count += 1
-    return 0
-
-
 cdef inline int add_hit(Hits *hits, int32_t leaf, double fraction, bint with_fraction) noexcept nogil:
     """hits_push() of _core, inlined for the common case of room left; a box's hits need no fraction."""
     if hits.count == hits.capacity:
@@ -396,9 +381,9 @@ cdef int walk_kind(const Kind *kind, const TreeCore *t, Query *q, Stack *stack, 
     cdef int bits, i
     cdef double entry[4]
     stack.count = 0
-    if w.rest != NULL_REF and push(stack, w.rest) != 0:
+    if w.rest != NULL_REF and stack_push(stack, w.rest, 0) != 0:
         return -1
-    if w.sensors != NULL_REF and not (q.skip_flags & PROXY_SENSOR) and push(stack, w.sensors) != 0:
+    if w.sensors != NULL_REF and not (q.skip_flags & PROXY_SENSOR) and stack_push(stack, w.sensors, 0) != 0:
         return -1
     while stack.count:
         stack.count -= 1
@@ -418,7 +403,7 @@ cdef int walk_kind(const Kind *kind, const TreeCore *t, Query *q, Stack *stack, 
             if child >= 0:
                 prefetch(&w.quads[child])
                 prefetch(&w.quads[child].hi[1][0])     # the quad's second cache line
-                if push(stack, child) != 0:
+                if stack_push(stack, child, 0) != 0:
                     return -1
                 continue
             if q.groups != NULL and (q.groups[w.proxies[~child]] & q.mask) == 0:
