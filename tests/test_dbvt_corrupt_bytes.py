@@ -45,3 +45,13 @@ def test_damaged_bytes_are_rejected_or_valid(kind, data):
     asked = {"include_sensors": True} if kind is dbvt.Broadphase else {}
     offsets, hits = restored.query_aabb(everything, **asked)
     assert len(hits) == len(restored)
+
+
+@pytest.mark.parametrize("kind", [dbvt.Tree, dbvt.Broadphase])
+def test_a_3d_world_relabelled_2d_is_rejected(kind):
+    """The header's dims flipped from 3 to 2: the boxes still have a z extent, which a 2-D tree never has."""
+    data = bytearray(sample(kind).to_bytes())
+    assert data[12] == 3
+    data[12] = 2
+    with pytest.raises(ValueError, match="2-D tree has a z extent"):
+        kind.from_bytes(bytes(data))

@@ -381,3 +381,32 @@ def test_a_broadphase_on_threads_steps_as_one_thread(dense):
                 np.testing.assert_array_equal(got, expected)
         assert worlds[1].to_bytes() == worlds[0].to_bytes() == worlds[2].to_bytes()
     worlds[1].validate()
+
+
+def test_a_server_with_threads_per_world_steps_as_one_thread():
+    """Batches that move thousands of proxies (and sensors, standing or moving) through a server cut over
+    2 threads a world give the pairs and sensor events of one thread in process, tick by tick."""
+    w = W1World(6000, seed=31, moving_fraction=0.3)
+    sensor_ids = np.arange(10**9, 10**9 + 30, dtype=np.uint64)
+    centres = np.random.default_rng(4).uniform(0, w.side, size=(30, 3))
+    local = Client.local()
+    server = ServerThread(threads_per_world=2)
+    try:
+        with Client(server.target) as client:
+            worlds = [local.create_world("serial"), client.create_world("threaded")]
+            for world in worlds:
+                world.apply(create=(w.ids, w.boxes))
+                world.apply(create=(sensor_ids, np.concatenate([centres - 8, centres + 8], 1).astype(np.float32)),
+                            sensor="sphere")
+            for step in range(6):
+                ids, boxes = w.step()
+                if step % 2:
+                    centres += 0.6
+                sensors = np.concatenate([centres - 8, centres + 8], 1).astype(np.float32)
+                results = [world.apply(move=(np.concatenate([ids, sensor_ids]), np.concatenate([boxes, sensors]))
+                                       if step % 2 else (ids, boxes)) for world in worlds]
+                for field in ("begun", "ended", "entered", "left"):
+                    np.testing.assert_array_equal(getattr(results[1], field), getattr(results[0], field), field)
+                assert len(results[0].begun) + len(results[0].ended) > 0
+    finally:
+        server.stop()
