@@ -345,7 +345,7 @@ cdef class Broadphase(TreeBase):
         cdef int64_t need = self.moved_count + extra_moved
         cdef int32_t *moved
         cdef void *grown
-        if core_reserve(&self.core, extra_proxies) != 0:
+        if core_reserve(&self.core, extra_proxies, self.threads) != 0:
             raise MemoryError()
         capacity = self.core.proxy_capacity
         if capacity > self.slot_capacity:

@@ -708,7 +708,7 @@ cdef int core_rebuild(TreeCore *t, int threads) noexcept nogil:
     t.root = t.sensor_root = NULL_REF
     if n == 0:
         return 0
-    if n - 1 > t.node_capacity and grow_nodes(t, n - 1) != 0:
+    if n - 1 > t.node_capacity and grow_nodes(t, n - 1, threads) != 0:
         return -1
     items = <BuildItem *>malloc(n * sizeof(BuildItem))
     if items == NULL:

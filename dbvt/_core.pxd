@@ -184,8 +184,9 @@ cdef inline void wide_stale(TreeCore *t) noexcept nogil:
 
 cdef int core_init(TreeCore *t, int32_t dims, float margin) noexcept nogil
 cdef void core_free(TreeCore *t) noexcept nogil
-cdef int core_reserve(TreeCore *t, int64_t extra_proxies) noexcept nogil
-cdef int rehash(TreeCore *t, int64_t size) noexcept nogil
+cdef void wide_release(Wide *w) noexcept nogil   # frees the view's memory and leaves it stale
+cdef int core_reserve(TreeCore *t, int64_t extra_proxies, int threads) noexcept nogil
+cdef int rehash(TreeCore *t, int64_t size, int threads) noexcept nogil
 cdef int32_t core_find(const TreeCore *t, uint64_t id) noexcept nogil
 cdef void core_prefetch_find(const TreeCore *t, uint64_t id, bint proxy) noexcept nogil
 cdef void core_prefetch_move(const TreeCore *t, int32_t proxy, bint parent) noexcept nogil
@@ -194,7 +195,7 @@ cdef void core_remove(TreeCore *t, int32_t proxy) noexcept nogil
 cdef bint core_move(TreeCore *t, int32_t proxy, const float *tight, float prediction) noexcept nogil
 cdef void core_place(TreeCore *t, int32_t proxy, const float *tight, const float *fat) noexcept nogil
 cdef void slot_insert(TreeCore *t, int32_t proxy) noexcept nogil
-cdef int grow_nodes(TreeCore *t, int64_t capacity) noexcept nogil
+cdef int grow_nodes(TreeCore *t, int64_t capacity, int threads) noexcept nogil
 cdef void insert_leaf(TreeCore *t, int32_t proxy, int32_t start) noexcept nogil
 cdef void core_set_sensor(TreeCore *t, int32_t proxy, uint32_t flag) noexcept nogil
 cdef int core_split_sensors(TreeCore *t) noexcept nogil

@@ -9,8 +9,10 @@ tree once with an explicit stack that grows; the query kinds differ only in two 
 from libc.float cimport FLT_MAX
 from libc.math cimport INFINITY
 from libc.stdint cimport INT32_MAX, int32_t, int64_t, uint32_t, uint64_t
-from libc.stdlib cimport free, llabs, malloc, realloc
+from libc.stdlib cimport calloc, free, llabs, malloc, realloc
 from libc.string cimport memcpy, memmove, memset
+
+from dbvt._parallel cimport run_parts
 
 cdef extern from *:
     """
@@ -26,6 +28,8 @@ cdef enum:
     # and the nodes below that ancestor grow. On W1 (100k, 100 steps) that makes Tree.update 20%
     # faster than reinserting below the ancestor, for a 1% higher SAH cost that does not creep up.
     ENLARGE_LEVELS = 3
+    # Pools grown by at least this many slots are set up on the caller's threads.
+    PARALLEL_FILL_FROM = 65536
 
 
 # ---------------------------------------------------------------------------------------------
@@ -111,6 +115,14 @@ cdef int core_init(TreeCore *t, int32_t dims, float margin) noexcept nogil:
     return 0
 
 
+cdef void wide_release(Wide *w) noexcept nogil:
+    free(w.block)
+    free(w.ids)
+    free(w.proxies)
+    memset(w, 0, sizeof(Wide))
+    w.rest = w.sensors = NULL_REF
+
+
 cdef void core_free(TreeCore *t) noexcept nogil:
     free(t.nodes)
     free(t.parents)
@@ -118,11 +130,7 @@ cdef void core_free(TreeCore *t) noexcept nogil:
     free(t.costs)
     free(t.proxies)
     free(t.slots)
-    free(t.wide.block)
-    free(t.wide.ids)
-    free(t.wide.proxies)
-    memset(&t.wide, 0, sizeof(Wide))
-    t.wide.rest = t.wide.sensors = NULL_REF
+    wide_release(&t.wide)
     t.nodes = NULL
     t.parents = NULL
     t.heights = NULL
@@ -132,60 +140,110 @@ cdef void core_free(TreeCore *t) noexcept nogil:
     t.node_capacity = t.proxy_capacity = 0
 
 
-cdef int grow_nodes(TreeCore *t, int64_t capacity) noexcept nogil:
+# Growing the pools. New slots are zeroed, so that a tree's bytes (to_bytes copies whole pools) depend
+# on its history alone, and go on the free list lowest index first, so fresh trees are laid out in
+# order. A pool grown from nothing comes from calloc: fresh pages are zero already, and are first
+# touched by the threads that link them (a 1M-proxy pool is some 27,000 pages, whose faults were a
+# tenth of a threaded bulk build when one thread took them all).
+ctypedef enum PoolKind:
+    POOL_PROXIES
+    POOL_NODES
+    POOL_SLOTS
+
+ctypedef struct PoolFill:           # one growth of a pool: its new slots [start, end), set up on threads
+    TreeCore *t
+    PoolKind kind
+    int64_t start
+    int64_t end
+    int32_t next_free               # where the last new slot's free link points: the old list head
+    bint zeroed                     # the new slots came from calloc
+    int parts
+
+
+cdef void fill_part(void *context, int part) noexcept nogil:
+    cdef const PoolFill *f = <PoolFill *>context
+    cdef TreeCore *t = f.t
+    cdef int64_t span = f.end - f.start
+    cdef int64_t first = f.start + span * part // f.parts, last = f.start + span * (part + 1) // f.parts
     cdef int64_t i
+    if first == last:
+        return
+    if f.kind == POOL_SLOTS:
+        memset(&t.slots[first], 0xFF, (last - first) * sizeof(int32_t))      # every slot -1: empty
+    elif f.kind == POOL_PROXIES:
+        if not f.zeroed:
+            memset(&t.proxies[first], 0, (last - first) * sizeof(Proxy))
+        for i in range(first, last):
+            t.proxies[i].parent = <int32_t>(i + 1)
+        if last == f.end:
+            t.proxies[last - 1].parent = f.next_free
+    else:
+        if not f.zeroed:
+            memset(&t.nodes[first], 0, (last - first) * sizeof(Node))
+            memset(&t.costs[first], 0, (last - first) * sizeof(float))
+        for i in range(first, last):
+            t.heights[i] = -1
+            t.parents[i] = <int32_t>(i + 1)
+        if last == f.end:
+            t.parents[last - 1] = f.next_free
+
+
+cdef void fill_pool(TreeCore *t, PoolKind kind, int64_t start, int64_t end, int32_t next_free, bint zeroed,
+                    int threads) noexcept nogil:
+    cdef PoolFill f
+    f.t, f.kind, f.start, f.end, f.next_free, f.zeroed = t, kind, start, end, next_free, zeroed
+    f.parts = threads if end - start >= PARALLEL_FILL_FROM else 1
+    run_parts(fill_part, &f, f.parts)
+
+
+cdef void *grow_pool(void *pool, int64_t count, size_t size, bint *zeroed) noexcept nogil:
+    """The pool grown to `count` items (NULL when memory ran out: the old one stays valid)."""
+    zeroed[0] = pool == NULL
+    return calloc(count, size) if pool == NULL else realloc(pool, count * size)
+
+
+cdef int grow_nodes(TreeCore *t, int64_t capacity, int threads) noexcept nogil:
     cdef void *grown
+    cdef bint zeroed, unused
     if capacity <= t.node_capacity:
         return 0
     if capacity >= INT32_MAX:
         return -1
-    grown = realloc(t.nodes, capacity * sizeof(Node))
+    grown = grow_pool(t.nodes, capacity, sizeof(Node), &zeroed)
     if grown == NULL:
         return -1
     t.nodes = <Node *>grown
-    grown = realloc(t.parents, capacity * sizeof(int32_t))
+    grown = grow_pool(t.parents, capacity, sizeof(int32_t), &unused)
     if grown == NULL:
         return -1
     t.parents = <int32_t *>grown
-    grown = realloc(t.heights, capacity * sizeof(int32_t))
+    grown = grow_pool(t.heights, capacity, sizeof(int32_t), &unused)
     if grown == NULL:
         return -1
     t.heights = <int32_t *>grown
-    grown = realloc(t.costs, capacity * sizeof(float))
+    grown = grow_pool(t.costs, capacity, sizeof(float), &unused)
     if grown == NULL:
         return -1
     t.costs = <float *>grown
-    # Zeroed, so that a tree's bytes (to_bytes copies the whole pool) depend on its history alone.
-    memset(&t.nodes[t.node_capacity], 0, (capacity - t.node_capacity) * sizeof(Node))
-    memset(&t.costs[t.node_capacity], 0, (capacity - t.node_capacity) * sizeof(float))
-    # New slots go on the free list lowest index first, so fresh trees are laid out in order.
-    i = capacity - 1
-    while i >= t.node_capacity:
-        t.heights[i] = -1
-        t.parents[i] = t.free_node
-        t.free_node = <int32_t>i
-        i -= 1
+    fill_pool(t, POOL_NODES, t.node_capacity, capacity, t.free_node, zeroed, threads)
+    t.free_node = t.node_capacity
     t.node_capacity = <int32_t>capacity
     return 0
 
 
-cdef int grow_proxies(TreeCore *t, int64_t capacity) noexcept nogil:
-    cdef int64_t i
-    cdef Proxy *proxies
+cdef int grow_proxies(TreeCore *t, int64_t capacity, int threads) noexcept nogil:
+    cdef void *grown
+    cdef bint zeroed
     if capacity <= t.proxy_capacity:
         return 0
     if capacity >= INT32_MAX:
         return -1
-    proxies = <Proxy *>realloc(t.proxies, capacity * sizeof(Proxy))
-    if proxies == NULL:
+    grown = grow_pool(t.proxies, capacity, sizeof(Proxy), &zeroed)
+    if grown == NULL:
         return -1
-    t.proxies = proxies
-    memset(&proxies[t.proxy_capacity], 0, (capacity - t.proxy_capacity) * sizeof(Proxy))
-    i = capacity - 1
-    while i >= t.proxy_capacity:
-        proxies[i].parent = t.free_proxy
-        t.free_proxy = <int32_t>i
-        i -= 1
+    t.proxies = <Proxy *>grown
+    fill_pool(t, POOL_PROXIES, t.proxy_capacity, capacity, t.free_proxy, zeroed, threads)
+    t.free_proxy = t.proxy_capacity
     t.proxy_capacity = <int32_t>capacity
     return 0
 
@@ -197,16 +255,15 @@ cdef void slot_insert(TreeCore *t, int32_t proxy) noexcept nogil:
     t.slots[i] = proxy
 
 
-cdef int rehash(TreeCore *t, int64_t size) noexcept nogil:
+cdef int rehash(TreeCore *t, int64_t size, int threads) noexcept nogil:
     cdef int32_t *slots = <int32_t *>malloc(size * sizeof(int32_t))
     cdef int64_t i
     if slots == NULL:
         return -1
-    for i in range(size):
-        slots[i] = -1
     free(t.slots)
     t.slots = slots
     t.slot_mask = size - 1
+    fill_pool(t, POOL_SLOTS, 0, size, NULL_REF, False, threads)
     for i in range(t.proxy_capacity):
         if t.proxies[i].flags & PROXY_LIVE:
             slot_insert(t, <int32_t>i)
@@ -280,18 +337,21 @@ cdef inline int64_t grown(int64_t have, int64_t need) noexcept nogil:
     return need if need > more else more
 
 
-cdef int core_reserve(TreeCore *t, int64_t extra) noexcept nogil:
-    """Make room for `extra` more proxies, so that nothing allocates (or moves) until they are in."""
+cdef int core_reserve(TreeCore *t, int64_t extra, int threads) noexcept nogil:
+    """Make room for `extra` more proxies, so that nothing allocates (or moves) until they are in;
+    large pools are set up on `threads` threads."""
     cdef int64_t live = t.proxy_count + extra
     cdef int64_t size = MIN_SLOTS
-    if live > t.proxy_capacity and grow_proxies(t, grown(t.proxy_capacity, live)) != 0:
-        return -1
-    if live - 1 > t.node_capacity and grow_nodes(t, grown(t.node_capacity, live - 1)) != 0:
-        return -1
     while size < 2 * live:       # load factor <= 1/2 keeps linear probes short
         size *= 2
-    if size > t.slot_mask + 1:
-        return rehash(t, size)
+    # The table first: rehash() reads every proxy's flags, and a pool grown first would have it
+    # read (and fault in) the new slots as well.
+    if size > t.slot_mask + 1 and rehash(t, size, threads) != 0:
+        return -1
+    if live > t.proxy_capacity and grow_proxies(t, grown(t.proxy_capacity, live), threads) != 0:
+        return -1
+    if live - 1 > t.node_capacity and grow_nodes(t, grown(t.node_capacity, live - 1), threads) != 0:
+        return -1
     return 0
 
 

@@ -22,11 +22,12 @@ from dbvt._split cimport (
 from dbvt._core cimport (
     HIT_LIMIT, PREDICTION_STEPS, PREFETCH_AHEAD, PROXY_FLAGS, PROXY_LIVE, PROXY_SEEN, PROXY_SENSOR, Batch, IdPair,
     Node, PairBuffer, Proxy, Query, TreeCore,
-    cache_costs, core_add, core_find, core_free, core_init, core_move, core_prefetch_find,
-    core_remove, core_reserve, core_split_sensors, load_box, rehash, wide_stale,
+    cache_costs, core_add, core_find, core_free, core_init, core_move, core_prefetch_find, mix64, prefetch,
+    core_remove, core_reserve, core_split_sensors, load_box, rehash, wide_release, wide_stale,
 )
 from dbvt._build cimport core_bulk_insert, core_rebuild
 from dbvt._check cimport core_area_ratio, core_check, core_height, core_memory
+from dbvt._parallel cimport run_parts
 from dbvt._wide cimport wide_refresh, wide_worth
 
 cdef extern from *:
@@ -148,6 +149,70 @@ def spatial_order(const float[:, ::1] boxes, int dims):
     return np.argsort(codes)
 
 
+# Checking a batch's new ids. On threads, each part takes the ids whose hash picks it (an id and its
+# repeats pick the same part), with its own set, in row order, and the first bad row of all the parts
+# is the one a single pass in row order would find. 1M ids: about 20 ms on one thread.
+cdef enum:
+    CHECK_ON_THREADS_FROM = 65536
+
+ctypedef struct IdsPart:            # one part's answer, written once at its end
+    int64_t bad                     # its first row that repeats an earlier one or is present; n: none
+    bint duplicate                  # a repeat, else present in the tree
+    int status                      # -1: no memory for its set
+
+ctypedef struct NewIds:
+    const uint64_t *ids
+    int64_t n
+    const TreeCore *t
+    int parts
+    IdsPart *results
+
+
+cdef inline int id_part(uint64_t mixed, int parts) noexcept nogil:
+    return <int>((mixed >> 40) % <uint64_t>parts)
+
+
+cdef void check_part(void *context, int part) noexcept nogil:
+    """One part's ids in row order, into a set of ids where 0 marks an empty slot (so a probe touches
+    one cache line, not a flag's and a key's), id 0 kept aside; the slots fetched a few rows ahead."""
+    cdef NewIds *c = <NewIds *>context
+    cdef IdsPart *out = &c.results[part]
+    cdef int64_t i, count = c.n if c.parts == 1 else 0, size = 16, slot
+    cdef uint64_t mixed, id_
+    cdef uint64_t *keys
+    cdef bint zero_seen = False, repeat
+    if c.parts > 1:
+        for i in range(c.n):
+            count += id_part(mix64(c.ids[i]), c.parts) == part
+    while size < 2 * count:
+        size *= 2
+    keys = <uint64_t *>calloc(size, sizeof(uint64_t))
+    out.bad = c.n
+    out.status = -1 if keys == NULL else 0
+    i = 0
+    while out.status == 0 and i < c.n:
+        if i + PREFETCH_AHEAD < c.n:
+            prefetch(&keys[mix64(c.ids[i + PREFETCH_AHEAD]) & <uint64_t>(size - 1)])
+        id_ = c.ids[i]
+        mixed = mix64(id_)
+        if id_part(mixed, c.parts) == part:
+            if id_ == 0:
+                repeat = zero_seen
+                zero_seen = True
+            else:
+                slot = <int64_t>(mixed & <uint64_t>(size - 1))
+                while keys[slot] != 0 and keys[slot] != id_:
+                    slot = (slot + 1) & (size - 1)
+                repeat = keys[slot] == id_
+                keys[slot] = id_
+            if repeat or core_find(c.t, id_) >= 0:
+                out.bad = i
+                out.duplicate = repeat
+                break
+        i += 1
+    free(keys)
+
+
 cdef class TreeBase:
     def __cinit__(self, *args, **kwargs):
         core_init(&self.core, 3, 0.0)
@@ -176,16 +241,26 @@ cdef class TreeBase:
     cdef void _after_change(self):
         # A Broadphase also writes tight boxes itself (a sensor moving inside its fat box).
         wide_stale(&self.core)
+        self.wide_walked = 0
         if DBVT_DEBUG_CHECKS:
             self.validate()
 
-    cdef void _refresh_wide(self, int64_t queries):
+    cdef void _enter_wide(self, int64_t queries):
         """Before a batch of box or segment queries: rebuild the tree's wide view (dbvt._wide) when it is
         stale and the batch pays for it; if memory runs out the view stays stale and the batch walks the
         tree itself."""
+        self.wide_readers += 1
         if wide_worth(&self.core, queries):
             with nogil:
                 wide_refresh(&self.core)
+
+    cdef void _leave_wide(self):
+        """After the batch: the last batch out frees the view. Kept, it would cost a Tree half its
+        memory again (63 bytes a proxy on W1), and after a change it must be rebuilt anyway."""
+        self.wide_walked = self.core.wide.quad_count if self.core.wide.fresh else 0
+        self.wide_readers -= 1
+        if self.wide_readers == 0 and self.core.wide.block != NULL:
+            wide_release(&self.core.wide)
 
     cdef object _existing(self, object ids):
         """Proxy indices of `ids`, which must be present and distinct."""
@@ -218,38 +293,31 @@ cdef class TreeBase:
         return proxies
 
     cdef object _check_new(self, object ids):
-        """Raise unless `ids` are distinct and all absent."""
+        """Raise unless `ids` are distinct and all absent: the first row (in row order) that repeats
+        an earlier one or is present names the problem."""
         cdef const uint64_t[::1] id_view = ids
-        cdef Py_ssize_t n = id_view.shape[0], i, bad = -1
-        cdef int64_t size = 16, slot
+        cdef NewIds check
+        cdef Py_ssize_t bad
+        cdef int part
         cdef bint duplicate = False
-        cdef uint64_t *keys
-        cdef unsigned char *used
-        while size < 2 * n:
-            size *= 2
-        keys = <uint64_t *>malloc(size * sizeof(uint64_t))
-        used = <unsigned char *>calloc(size, 1)
-        if keys == NULL or used == NULL:
-            free(keys)
-            free(used)
+        check.ids = &id_view[0] if id_view.shape[0] else NULL
+        check.n = id_view.shape[0]
+        check.t = &self.core
+        check.parts = self.threads if check.n >= CHECK_ON_THREADS_FROM else 1
+        check.results = <IdsPart *>calloc(check.parts, sizeof(IdsPart))
+        if check.results == NULL:
             raise MemoryError()
         with nogil:
-            for i in range(n):
-                slot = <int64_t>((id_view[i] * <uint64_t>0x9E3779B97F4A7C15ULL) >> 40) & (size - 1)
-                while used[slot] and keys[slot] != id_view[i]:
-                    slot = (slot + 1) & (size - 1)
-                if used[slot]:
-                    bad = i
-                    duplicate = True
-                    break
-                if core_find(&self.core, id_view[i]) >= 0:
-                    bad = i
-                    break
-                used[slot] = 1
-                keys[slot] = id_view[i]
-        free(keys)
-        free(used)
-        if bad >= 0:
+            run_parts(check_part, &check, check.parts)
+        bad = check.n
+        for part in range(check.parts):
+            if check.results[part].status != 0:
+                free(check.results)
+                raise MemoryError()
+            if check.results[part].bad < bad:
+                bad, duplicate = check.results[part].bad, check.results[part].duplicate
+        free(check.results)
+        if bad < check.n:
             if duplicate:
                 raise validation.duplicate_id(bad, id_view[bad])
             raise validation.already_present(bad, id_view[bad])
@@ -266,7 +334,7 @@ cdef class TreeBase:
         cdef int32_t[::1] out = proxies
         if n == 0:
             return proxies
-        if core_reserve(&self.core, n) != 0:
+        if core_reserve(&self.core, n, self.threads) != 0:
             raise MemoryError()
         if bulk:
             with nogil:
@@ -315,9 +383,10 @@ cdef class TreeBase:
         cdef int status
         start_batch(&batch, &r, ROWS_BOXES, mask, groups, False, self.max_hits, skip)
         r.shapes = &rows[0, 0] if n else NULL
-        self._refresh_wide(n)
+        self._enter_wide(n)
         with nogil:
             status = run_rows(&self.core, &r, n, self.threads, &off[0], &batch)
+        self._leave_wide()
         return csr(&batch, status, offsets, False)
 
     cdef object _query_sphere(self, object centers, object radii, uint32_t mask, const uint32_t *groups,
@@ -348,9 +417,10 @@ cdef class TreeBase:
         cdef int status
         start_batch(&batch, &r, ROWS_SEGMENTS, mask, groups, first_hit, self.max_hits, skip)
         r.shapes = &rows[0, 0] if n else NULL
-        self._refresh_wide(n)
+        self._enter_wide(n)
         with nogil:
             status = run_rows(&self.core, &r, n, self.threads, &off[0], &batch)
+        self._leave_wide()
         return csr(&batch, status, offsets, True)
 
     cdef object _query_frustum(self, object planes, uint32_t mask, const uint32_t *groups,
@@ -458,7 +528,7 @@ cdef class TreeBase:
             "height": core_height(&self.core),
             "area_ratio": core_area_ratio(&self.core),
             "memory_bytes": core_memory(&self.core),
-            "quads": self.core.wide.quad_count if self.core.wide.fresh else 0,
+            "quads": self.wide_walked,
             "dims": self.core.dims,
             "margin": self.core.margin,
         }
@@ -529,7 +599,7 @@ cdef class TreeBase:
         # Sized from the flags, not the header's count, which core_check compares afterwards.
         while slots < 2 * live:
             slots *= 2
-        if rehash(t, slots) != 0:
+        if rehash(t, slots, self.threads) != 0:
             raise MemoryError()
         problem = core_check(t, False)
         if problem != NULL:

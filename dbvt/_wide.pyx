@@ -12,10 +12,11 @@ their ids kept in that order beside the quads, so a query's hits are read from a
 
 Any change to a tight box or to the tree's shape marks the view stale (Wide.fresh); a batch large
 enough to pay for it (wide_worth) rebuilds it before its walks start, and smaller batches walk the
-binary tree. Both walks give the same hits: every decision on a leaf is the same
-comparison of the same values (a box test in float32; the segment's slab test in float64 with the
-same operations in the same order, the SIMD min and max chosen to keep the scalar code's outcome on
-ties and NaNs), and a quad's box contains its leaves' boxes, so no hit is lost above them.
+binary tree. The last batch to finish frees it (TreeBase._leave_wide): it is half a tree's memory.
+Both walks give the same hits: every decision on a leaf is the same comparison of the same values
+(a box test in float32; the segment's slab test in float64 with the same operations in the same
+order, the SIMD min and max chosen to keep the scalar code's outcome on ties and NaNs), and a
+quad's box contains its leaves' boxes, so no hit is lost above them.
 """
 from libc.math cimport INFINITY
 from libc.stdint cimport INT32_MAX, int32_t, int64_t, uint8_t, uint32_t, uint64_t, uintptr_t

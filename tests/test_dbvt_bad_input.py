@@ -54,6 +54,7 @@ def cases(d):
         ("infinite box", lambda s: add(s, [1, 2, 3], with_row(b3, 1, INF)), ValueError, r"boxes row 1: NaN or inf"),
         ("min > max", lambda s: add(s, [1, 2, 3], with_row(b3, 2, inverted)), ValueError, r"boxes row 2: min > max"),
         ("duplicate in call", lambda s: add(s, [1, 2, 1], b3), ValueError, r"ids row 2: id 1 appears twice"),
+        ("id 0 twice in call", lambda s: add(s, [0, 2, 0], b3), ValueError, r"ids row 2: id 0 appears twice"),
         ("already present", lambda s: add(s, [1, 105, 2], b3), ValueError, r"ids row 1: id 105 is already present"),
         ("negative id", lambda s: add(s, [1, -5], b2), ValueError, r"ids row 1: id -5 is negative"),
         ("unknown on move", lambda s: change(s, [100, 7], b2), KeyError, r"ids row 1: unknown id 7"),

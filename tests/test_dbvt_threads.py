@@ -344,6 +344,39 @@ def test_a_bulk_build_and_a_rebuild_on_threads_make_the_same_tree(make, layout):
     assert built[2] == built[1] and built[3] == built[1]
 
 
+@pytest.mark.parametrize("make", [dbvt.Tree, dbvt.Broadphase])
+def test_large_batches_grow_the_pools_and_check_ids_on_threads_as_one_thread(make):
+    """From 65,536 rows the pools are set up, and the new ids checked, on the threads: the bytes are
+    the same, and a bad row is the first one a single pass finds, with the structure unchanged."""
+    n = 70_000
+    world = W1World(n, 3, seed=12)
+    first_half, second_half = slice(0, 1000), slice(1000, n)
+    built = {}
+    for threads in (1, 2, 3):
+        structure = make(threads=threads)
+        add = structure.insert if make is dbvt.Tree else structure.create
+        add(world.ids[first_half], world.boxes[first_half])
+        before = structure.to_bytes()
+        ids = world.ids[second_half].copy()
+        ids[[5_000, 60_000]] = ids[[4_000, 50_000]]          # rows 5,000 and 60,000 repeat earlier ones
+        with pytest.raises(ValueError, match="row 5000: id .* appears twice"):
+            add(ids, world.boxes[second_half])
+        ids[[30_000, 50_000]] = world.ids[[10, 20]]           # row 30,000 is present already
+        with pytest.raises(ValueError, match="row 5000: id .* appears twice"):
+            add(ids, world.boxes[second_half])
+        ids[5_000] = world.ids[1000 + 5_000]
+        with pytest.raises(ValueError, match="row 30000: id .* is already present"):
+            add(ids, world.boxes[second_half])
+        assert structure.to_bytes() == before
+        add(world.ids[second_half], world.boxes[second_half])
+        empty = make(threads=threads)
+        (empty.insert if make is dbvt.Tree else empty.create)(world.ids, world.boxes)
+        structure.validate()
+        empty.validate()
+        built[threads] = (structure.to_bytes(), empty.to_bytes())
+    assert built[2] == built[1] and built[3] == built[1]
+
+
 @pytest.mark.parametrize("dense", [False, True], ids=["w1", "w2"])
 def test_a_broadphase_on_threads_steps_as_one_thread(dense):
     """Both stages of an update run on the threads (finding the partners of proxies with new fat boxes,
