@@ -186,7 +186,7 @@ cdef int core_init(TreeCore *t, int32_t dims, float margin) noexcept nogil
 cdef void core_free(TreeCore *t) noexcept nogil
 cdef void wide_release(Wide *w) noexcept nogil   # frees the view's memory and leaves it stale
 cdef int core_reserve(TreeCore *t, int64_t extra_proxies, int threads) noexcept nogil
-cdef int rehash(TreeCore *t, int64_t size, int threads) noexcept nogil
+cdef int rehash(TreeCore *t, int64_t size, int64_t scan, int threads) noexcept nogil
 cdef int32_t core_find(const TreeCore *t, uint64_t id) noexcept nogil
 cdef void core_prefetch_find(const TreeCore *t, uint64_t id, bint proxy) noexcept nogil
 cdef void core_prefetch_move(const TreeCore *t, int32_t proxy, bint parent) noexcept nogil

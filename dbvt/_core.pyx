@@ -255,7 +255,9 @@ cdef void slot_insert(TreeCore *t, int32_t proxy) noexcept nogil:
     t.slots[i] = proxy
 
 
-cdef int rehash(TreeCore *t, int64_t size, int threads) noexcept nogil:
+cdef int rehash(TreeCore *t, int64_t size, int64_t scan, int threads) noexcept nogil:
+    """A table of `size` slots, holding the live proxies among the pool's first `scan` (beyond them,
+    a pool just grown: not read, so not faulted in)."""
     cdef int32_t *slots = <int32_t *>malloc(size * sizeof(int32_t))
     cdef int64_t i
     if slots == NULL:
@@ -264,7 +266,7 @@ cdef int rehash(TreeCore *t, int64_t size, int threads) noexcept nogil:
     t.slots = slots
     t.slot_mask = size - 1
     fill_pool(t, POOL_SLOTS, 0, size, NULL_REF, False, threads)
-    for i in range(t.proxy_capacity):
+    for i in range(scan):
         if t.proxies[i].flags & PROXY_LIVE:
             slot_insert(t, <int32_t>i)
     return 0
@@ -342,15 +344,15 @@ cdef int core_reserve(TreeCore *t, int64_t extra, int threads) noexcept nogil:
     large pools are set up on `threads` threads."""
     cdef int64_t live = t.proxy_count + extra
     cdef int64_t size = MIN_SLOTS
+    cdef int32_t old_capacity = t.proxy_capacity
     while size < 2 * live:       # load factor <= 1/2 keeps linear probes short
         size *= 2
-    # The table first: rehash() reads every proxy's flags, and a pool grown first would have it
-    # read (and fault in) the new slots as well.
-    if size > t.slot_mask + 1 and rehash(t, size, threads) != 0:
-        return -1
+    # The table holds the live proxies, which are all among the pool's slots from before it grows.
     if live > t.proxy_capacity and grow_proxies(t, grown(t.proxy_capacity, live), threads) != 0:
         return -1
     if live - 1 > t.node_capacity and grow_nodes(t, grown(t.node_capacity, live - 1), threads) != 0:
+        return -1
+    if size > t.slot_mask + 1 and rehash(t, size, old_capacity, threads) != 0:
         return -1
     return 0
 

@@ -599,7 +599,7 @@ cdef class TreeBase:
         # Sized from the flags, not the header's count, which core_check compares afterwards.
         while slots < 2 * live:
             slots *= 2
-        if rehash(t, slots, self.threads) != 0:
+        if rehash(t, slots, proxy_capacity, self.threads) != 0:
             raise MemoryError()
         problem = core_check(t, False)
         if problem != NULL:
