@@ -184,7 +184,6 @@ cdef inline void wide_stale(TreeCore *t) noexcept nogil:
 
 cdef int core_init(TreeCore *t, int32_t dims, float margin) noexcept nogil
 cdef void core_free(TreeCore *t) noexcept nogil
-cdef void wide_release(Wide *w) noexcept nogil   # frees the view's memory and leaves it stale
 cdef int core_reserve(TreeCore *t, int64_t extra_proxies, int threads) noexcept nogil
 cdef int rehash(TreeCore *t, int64_t size, int64_t scan, int threads) noexcept nogil
 cdef int32_t core_find(const TreeCore *t, uint64_t id) noexcept nogil

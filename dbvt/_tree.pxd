@@ -24,15 +24,8 @@ cdef class TreeBase:
     cdef public int64_t max_hits
     # Threads a large batch of queries is cut over (dbvt._split); a runtime setting, not serialised.
     cdef readonly int threads
-    # Box and segment batches under way: the last to finish frees the wide view (dbvt._wide), which
-    # lives only while batches read it. Counted with the GIL held, on entry and exit.
-    cdef int wide_readers
-    # The quads of the view the last box or segment batch walked; 0 when it walked the tree, or the
-    # tree has changed since (stats()["quads"]).
-    cdef int32_t wide_walked
 
-    cdef void _enter_wide(self, int64_t queries)
-    cdef void _leave_wide(self)
+    cdef void _refresh_wide(self, int64_t queries)
     cdef object _existing(self, object ids)
     cdef object _check_new(self, object ids)
     cdef object _add(self, object ids, object boxes)

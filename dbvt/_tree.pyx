@@ -23,7 +23,7 @@ from dbvt._core cimport (
     HIT_LIMIT, PREDICTION_STEPS, PREFETCH_AHEAD, PROXY_FLAGS, PROXY_LIVE, PROXY_SEEN, PROXY_SENSOR, Batch, IdPair,
     Node, PairBuffer, Proxy, Query, TreeCore,
     cache_costs, core_add, core_find, core_free, core_init, core_move, core_prefetch_find, mix64, prefetch,
-    core_remove, core_reserve, core_split_sensors, load_box, rehash, wide_release, wide_stale,
+    core_remove, core_reserve, core_split_sensors, load_box, rehash, wide_stale,
 )
 from dbvt._build cimport core_bulk_insert, core_rebuild
 from dbvt._check cimport core_area_ratio, core_check, core_height, core_memory
@@ -241,26 +241,16 @@ cdef class TreeBase:
     cdef void _after_change(self):
         # A Broadphase also writes tight boxes itself (a sensor moving inside its fat box).
         wide_stale(&self.core)
-        self.wide_walked = 0
         if DBVT_DEBUG_CHECKS:
             self.validate()
 
-    cdef void _enter_wide(self, int64_t queries):
+    cdef void _refresh_wide(self, int64_t queries):
         """Before a batch of box or segment queries: rebuild the tree's wide view (dbvt._wide) when it is
         stale and the batch pays for it; if memory runs out the view stays stale and the batch walks the
         tree itself."""
-        self.wide_readers += 1
         if wide_worth(&self.core, queries):
             with nogil:
                 wide_refresh(&self.core)
-
-    cdef void _leave_wide(self):
-        """After the batch: the last batch out frees the view. Kept, it would cost a Tree half its
-        memory again (63 bytes a proxy on W1), and after a change it must be rebuilt anyway."""
-        self.wide_walked = self.core.wide.quad_count if self.core.wide.fresh else 0
-        self.wide_readers -= 1
-        if self.wide_readers == 0 and self.core.wide.block != NULL:
-            wide_release(&self.core.wide)
 
     cdef object _existing(self, object ids):
         """Proxy indices of `ids`, which must be present and distinct."""
@@ -383,10 +373,9 @@ cdef class TreeBase:
         cdef int status
         start_batch(&batch, &r, ROWS_BOXES, mask, groups, False, self.max_hits, skip)
         r.shapes = &rows[0, 0] if n else NULL
-        self._enter_wide(n)
+        self._refresh_wide(n)
         with nogil:
             status = run_rows(&self.core, &r, n, self.threads, &off[0], &batch)
-        self._leave_wide()
         return csr(&batch, status, offsets, False)
 
     cdef object _query_sphere(self, object centers, object radii, uint32_t mask, const uint32_t *groups,
@@ -417,10 +406,9 @@ cdef class TreeBase:
         cdef int status
         start_batch(&batch, &r, ROWS_SEGMENTS, mask, groups, first_hit, self.max_hits, skip)
         r.shapes = &rows[0, 0] if n else NULL
-        self._enter_wide(n)
+        self._refresh_wide(n)
         with nogil:
             status = run_rows(&self.core, &r, n, self.threads, &off[0], &batch)
-        self._leave_wide()
         return csr(&batch, status, offsets, True)
 
     cdef object _query_frustum(self, object planes, uint32_t mask, const uint32_t *groups,
@@ -528,7 +516,7 @@ cdef class TreeBase:
             "height": core_height(&self.core),
             "area_ratio": core_area_ratio(&self.core),
             "memory_bytes": core_memory(&self.core),
-            "quads": self.wide_walked,
+            "quads": self.core.wide.quad_count if self.core.wide.fresh else 0,
             "dims": self.core.dims,
             "margin": self.core.margin,
         }

@@ -12,11 +12,11 @@ their ids kept in that order beside the quads, so a query's hits are read from a
 
 Any change to a tight box or to the tree's shape marks the view stale (Wide.fresh); a batch large
 enough to pay for it (wide_worth) rebuilds it before its walks start, and smaller batches walk the
-binary tree. The last batch to finish frees it (TreeBase._leave_wide): it is half a tree's memory.
-Both walks give the same hits: every decision on a leaf is the same comparison of the same values
-(a box test in float32; the segment's slab test in float64 with the same operations in the same
-order, the SIMD min and max chosen to keep the scalar code's outcome on ties and NaNs), and a
-quad's box contains its leaves' boxes, so no hit is lost above them.
+binary tree. The view is kept between batches, so a tick's rebuild reuses its memory. Both walks
+give the same hits: every decision on a leaf is the same comparison of the same values (a box test
+in float32; the segment's slab test in float64 with the same operations in the same order, the SIMD
+min and max chosen to keep the scalar code's outcome on ties and NaNs), and a quad's box contains
+its leaves' boxes, so no hit is lost above them.
 """
 from libc.math cimport INFINITY
 from libc.stdint cimport INT32_MAX, int32_t, int64_t, uint8_t, uint32_t, uint64_t, uintptr_t
@@ -24,7 +24,7 @@ from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcpy
 
 from dbvt._core cimport (
-    NULL_REF, PROXY_SENSOR, QUERY_BOX, QUERY_RAY, Hits, Quad, Query, Stack, TreeCore, Wide,
+    NULL_REF, PREFETCH_AHEAD, PROXY_SENSOR, QUERY_BOX, QUERY_RAY, Hits, Quad, Query, Stack, TreeCore, Wide,
     flag_claim, hits_push, prefetch, stack_push, subtree_root,
 )
 
@@ -229,72 +229,74 @@ cdef void cut(const TreeCore *t, const uint8_t *plan, int32_t ref, int k, int32_
     cut(t, plan, t.nodes[ref].child[1], k - i, parts, count)
 
 
-cdef inline void set_lane(Quad *quad, int lane, const float *lo, const float *hi) noexcept nogil:
-    cdef int k
-    for k in range(3):
-        quad.lo[k][lane] = lo[k]
-        quad.hi[k][lane] = hi[k]
-
-
-cdef inline void union_lanes(const Quad *quad, float *lo, float *hi) noexcept nogil:
-    """The box over a quad's four lanes (unused lanes hold an empty box: +inf..-inf)."""
-    cdef int j, k
-    for k in range(3):
-        lo[k] = quad.lo[k][0]
-        hi[k] = quad.hi[k][0]
-        for j in range(1, 4):
-            lo[k] = quad.lo[k][j] if quad.lo[k][j] < lo[k] else lo[k]
-            hi[k] = quad.hi[k][j] if quad.hi[k][j] > hi[k] else hi[k]
-
-
 cdef int collapse(const TreeCore *t, Wide *w, const uint8_t *plan, int32_t ref, int32_t *index,
                   int32_t *leaves) noexcept nogil:
     """Make the quad over the subtree at `ref` (its index into `index`) and its own quads after it, depth
-    first, with their children, leaves and boxes: a leaf's box is its proxy's tight box, a quad's the
-    union of its child quad's. The leaf pieces' proxies are fetched before the quads below are made,
-    and read after. 0, or -1 when memory ran out."""
+    first, with their children and leaves but not yet their boxes (fill_boxes). 0, or -1 when memory
+    ran out."""
     cdef int32_t part[4]
-    cdef int32_t child[4]
-    cdef int32_t q, proxy
+    cdef int32_t child
     cdef int count = 0, i
-    cdef float lo[3]
-    cdef float hi[3]
-    cdef const float *tight
     if w.quad_count == w.quad_capacity and grow_quads(w, <int64_t>w.quad_count + 1) != 0:
         return -1
-    q = w.quad_count
-    index[0] = q
+    index[0] = w.quad_count
     w.quad_count += 1
     cut(t, plan, ref, plan[ref] >> 4 if ref >= 0 else 1, part, &count)
-    for i in range(count):
-        if part[i] < 0:
-            prefetch(&t.proxies[~part[i]])
+    w.quads[index[0]].count = count
     for i in range(4):
         if i >= count:
-            child[i] = NULL_REF
+            child = NULL_REF
         elif part[i] < 0:
-            child[i] = ~leaves[0]
+            child = ~leaves[0]
             w.proxies[leaves[0]] = ~part[i]
             leaves[0] += 1
-        elif collapse(t, w, plan, part[i], &child[i], leaves) != 0:
+        elif collapse(t, w, plan, part[i], &child, leaves) != 0:
             return -1
-    # After the recursion, which may have moved the quads.
-    w.quads[q].count = count
-    for i in range(4):
-        w.quads[q].child[i] = child[i]
-        if child[i] == NULL_REF:
-            lo[0] = lo[1] = lo[2] = INFINITY
-            hi[0] = hi[1] = hi[2] = -INFINITY
-            set_lane(&w.quads[q], i, lo, hi)
-        elif child[i] < 0:
-            proxy = w.proxies[~child[i]]
-            w.ids[~child[i]] = t.proxies[proxy].id
-            tight = t.proxies[proxy].tight
-            set_lane(&w.quads[q], i, tight, tight + 3)
-        else:
-            union_lanes(&w.quads[child[i]], lo, hi)
-            set_lane(&w.quads[q], i, lo, hi)
+        w.quads[index[0]].child[i] = child      # after the recursion, which may have moved the quads
     return 0
+
+
+cdef void fill_boxes(const TreeCore *t, Wide *w) noexcept nogil:
+    """The quads' boxes and the leaves' ids, last quad first so that a quad's child quads are done
+    before it. A leaf's box is its proxy's tight box, a quad's the union of its children's: proxies
+    are read in no useful order, so each quad fetches those of a quad PREFETCH_AHEAD before it."""
+    cdef int32_t q, child, proxy
+    cdef int i, j, k
+    cdef Quad *quad
+    cdef const Quad *ahead
+    cdef const Quad *below
+    cdef const float *tight
+    cdef float lo, hi
+    for q in range(w.quad_count - 1, -1, -1):
+        if q >= PREFETCH_AHEAD:
+            ahead = &w.quads[q - PREFETCH_AHEAD]
+            for i in range(ahead.count):
+                if ahead.child[i] < 0:
+                    prefetch(&t.proxies[w.proxies[~ahead.child[i]]])
+        quad = &w.quads[q]
+        for i in range(4):
+            child = quad.child[i]
+            if child == NULL_REF:
+                for k in range(3):
+                    quad.lo[k][i] = INFINITY
+                    quad.hi[k][i] = -INFINITY
+            elif child < 0:
+                proxy = w.proxies[~child]
+                w.ids[~child] = t.proxies[proxy].id
+                tight = t.proxies[proxy].tight
+                for k in range(3):
+                    quad.lo[k][i] = tight[k]
+                    quad.hi[k][i] = tight[k + 3]
+            else:
+                below = &w.quads[child]
+                for k in range(3):
+                    lo = below.lo[k][0]
+                    hi = below.hi[k][0]
+                    for j in range(1, 4):           # unused lanes hold an empty box: +inf..-inf
+                        lo = below.lo[k][j] if below.lo[k][j] < lo else lo
+                        hi = below.hi[k][j] if below.hi[k][j] > hi else hi
+                    quad.lo[k][i] = lo
+                    quad.hi[k][i] = hi
 
 
 cdef bint wide_worth(const TreeCore *t, int64_t queries) noexcept nogil:
@@ -334,6 +336,8 @@ cdef int wide_refresh(TreeCore *t) noexcept nogil:
     if status == 0 and sensors != NULL_REF:
         status = collapse(t, w, plan, sensors, &w.sensors, &leaves)
     free(plan)
+    if status == 0:
+        fill_boxes(t, w)
     w.fresh = status == 0
     w.building = False
     return status

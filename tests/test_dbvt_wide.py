@@ -209,20 +209,6 @@ def test_every_change_leaves_the_view_stale():
     assert_same_csr(loaded.query_aabb(big), tree.query_aabb(big), "after a round trip")
 
 
-def test_the_view_lives_only_while_batches_read_it():
-    """The last batch out frees the view: a Tree's memory after its queries is what it was before."""
-    w = W1World(5000, seed=5)
-    tree = dbvt.Tree(margin=0.1)
-    tree.insert(w.ids, w.boxes)
-    before = tree.stats()["memory_bytes"]
-    tree.query_aabb(w.query_boxes(1000))
-    assert tree.stats()["quads"] > 0
-    assert tree.stats()["memory_bytes"] == before
-    tree.raycast(w.segments(1000))
-    assert tree.stats()["quads"] > 0
-    assert tree.stats()["memory_bytes"] == before
-
-
 def test_batches_on_threads_share_the_view_while_it_is_rebuilt():
     """Reads may run side by side: batches on several Python threads find the view stale at once; one
     rebuilds it (without the GIL) while the others walk the tree, and all answer as brute force."""
