@@ -19,6 +19,28 @@ cdef extern from *:
     """
     void prefetch "DBVT_PREFETCH"(const void *address) noexcept nogil
 
+cdef extern from *:
+    """
+    /* Whether two closed boxes overlap, without a branch: down a walk of two trees, or over a grid
+       cell's many near misses, that is a coin toss to the branch predictor. With SSE the six
+       comparisons are two: the 16 bytes from a box's max corner include one float past the box,
+       which stays inside the record that holds the box (a Node's children, a Proxy's tight box or
+       id, a Query's box and what follows it, a GridEntry's sensor) and whose lane is ignored. */
+    #if defined(__SSE__) || defined(_M_X64)
+    #include <xmmintrin.h>
+    static inline int dbvt_meet(const float *a, const float *b) {
+        __m128 alo = _mm_loadu_ps(a), ahi = _mm_loadu_ps(a + 3);
+        __m128 blo = _mm_loadu_ps(b), bhi = _mm_loadu_ps(b + 3);
+        return (_mm_movemask_ps(_mm_and_ps(_mm_cmple_ps(alo, bhi), _mm_cmple_ps(blo, ahi))) & 7) == 7;
+    }
+    #else
+    static inline int dbvt_meet(const float *a, const float *b) {
+        return (a[0] <= b[3]) & (b[0] <= a[3]) & (a[1] <= b[4]) & (b[1] <= a[4]) & (a[2] <= b[5]) & (b[2] <= a[5]);
+    }
+    #endif
+    """
+    bint meet "dbvt_meet"(const float *a, const float *b) noexcept nogil
+
 # A flag that threads share (a C11 atomic int; plain reads and writes of it are sequentially
 # consistent): the wide view's, which one query batch may rebuild while another reads it.
 cdef extern from *:

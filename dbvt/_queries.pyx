@@ -20,7 +20,8 @@ from libc.string cimport memcpy
 
 from dbvt._batch cimport append_by_fraction, batch_reserve, sort_pairs
 from dbvt._core cimport (
-    HIT_LIMIT, NULL_REF, Batch, IdPair, PairBuffer, Stack, StackEntry, TreeCore, hits_push, prefetch, ref_box,
+    HIT_LIMIT, NULL_REF, Batch, IdPair, PairBuffer, Stack, StackEntry, TreeCore, hits_push, meet, prefetch,
+    ref_box,
 )
 
 
@@ -493,28 +494,6 @@ ctypedef struct PairStack:
     RefPair *items
     int64_t count
     int64_t capacity
-
-
-cdef extern from *:
-    """
-    /* Whether two closed boxes overlap, without a branch: down a walk of two trees that is a coin toss
-       to the branch predictor. With SSE the six comparisons are two: the 16 bytes from a box's max
-       corner include one float past the box, which stays inside the record that holds the box (a
-       Node's children, a Proxy's tight box or id) and whose lane is ignored. */
-    #if defined(__SSE__) || defined(_M_X64)
-    #include <xmmintrin.h>
-    static inline int dbvt_meet(const float *a, const float *b) {
-        __m128 alo = _mm_loadu_ps(a), ahi = _mm_loadu_ps(a + 3);
-        __m128 blo = _mm_loadu_ps(b), bhi = _mm_loadu_ps(b + 3);
-        return (_mm_movemask_ps(_mm_and_ps(_mm_cmple_ps(alo, bhi), _mm_cmple_ps(blo, ahi))) & 7) == 7;
-    }
-    #else
-    static inline int dbvt_meet(const float *a, const float *b) {
-        return (a[0] <= b[3]) & (b[0] <= a[3]) & (a[1] <= b[4]) & (b[1] <= a[4]) & (a[2] <= b[5]) & (b[2] <= a[5]);
-    }
-    #endif
-    """
-    bint meet "dbvt_meet"(const float *a, const float *b) noexcept nogil
 
 
 cdef inline int push_ids(PairBuffer *out, uint64_t a, uint64_t b) noexcept nogil:

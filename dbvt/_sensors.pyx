@@ -11,19 +11,13 @@ from libc.stdint cimport int32_t, int64_t, uint64_t
 from libc.stdlib cimport free, realloc
 from libc.string cimport memcpy, memset
 
-from dbvt._core cimport PROXY_LIVE, PROXY_SENSOR, Hits, TreeCore, hits_push
+from dbvt._core cimport PROXY_LIVE, PROXY_SENSOR, Hits, TreeCore, hits_push, meet
 
 cdef enum:
     WIDE_CELLS = 64                 # a box over more cells than this is tested whole, not cell by cell
 
 # Cell coordinates are clamped here, far beyond any box a cell as large as a sensor could tile.
 cdef double FARTHEST_CELL = 1099511627776.0     # 2^40
-
-
-cdef inline bint overlap(const float *a, const float *b) noexcept nogil:
-    """boxes_overlap() without its early exits, which mispredict on a cell's many near misses."""
-    return ((a[0] <= b[3]) & (b[0] <= a[3]) & (a[1] <= b[4]) & (b[1] <= a[4])
-            & (a[2] <= b[5]) & (b[2] <= a[5]))
 
 
 cdef inline int64_t cell_of(double x, double cell) noexcept nogil:
@@ -168,7 +162,7 @@ cdef int grid_find(const SensorGrid *g, const TreeCore *t, const float *box, Hit
             for z in range(low[2], high[2] + 1):
                 b = bucket_of(g, x, y, z)
                 for k in range(g.starts[b], g.starts[b + 1]):
-                    if (overlap(box, g.entries[k].fat)
+                    if (meet(box, g.entries[k].fat)
                             and within_reach(g.entries[k].fat, g.entries[k].flags, box, t.dims)
                             and hits_push(hits, g.entries[k].sensor, 0.0) != 0):
                         return -1
