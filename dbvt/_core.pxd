@@ -41,6 +41,27 @@ cdef extern from *:
     """
     bint meet "dbvt_meet"(const float *a, const float *b) noexcept nogil
 
+cdef extern from *:
+    """
+    /* x > y ? x : y, and x < y ? x : y, without a branch: compilers keep these as branches when
+       they may not reorder floating point, and in a tree walk, or over a sensor's partners (which
+       side of its centre each lies on), their outcome is a coin toss. */
+    #if defined(__SSE2__) || defined(_M_X64)
+    #include <emmintrin.h>
+    static inline double dbvt_above(double x, double y) {
+        return _mm_cvtsd_f64(_mm_max_sd(_mm_set_sd(x), _mm_set_sd(y)));
+    }
+    static inline double dbvt_below(double x, double y) {
+        return _mm_cvtsd_f64(_mm_min_sd(_mm_set_sd(x), _mm_set_sd(y)));
+    }
+    #else
+    static inline double dbvt_above(double x, double y) { return x > y ? x : y; }
+    static inline double dbvt_below(double x, double y) { return x < y ? x : y; }
+    #endif
+    """
+    double above "dbvt_above"(double x, double y) noexcept nogil
+    double below "dbvt_below"(double x, double y) noexcept nogil
+
 # A flag that threads share (a C11 atomic int; plain reads and writes of it are sequentially
 # consistent): the wide view's, which one query batch may rebuild while another reads it.
 cdef extern from *:

@@ -20,8 +20,8 @@ from libc.string cimport memcpy
 
 from dbvt._batch cimport append_by_fraction, batch_reserve, sort_pairs
 from dbvt._core cimport (
-    HIT_LIMIT, NULL_REF, Batch, IdPair, PairBuffer, Stack, StackEntry, TreeCore, hits_push, meet, prefetch,
-    ref_box,
+    HIT_LIMIT, NULL_REF, Batch, IdPair, PairBuffer, Stack, StackEntry, TreeCore, above, below, hits_push, meet,
+    prefetch, ref_box,
 )
 
 
@@ -123,27 +123,6 @@ cdef inline int keep(Nearest *w, double gap, uint64_t id) noexcept nogil:
     if w.best_count == w.k:
         w.bound = w.best[0].gap
     return 0
-
-
-cdef extern from *:
-    """
-    /* x > y ? x : y, and x < y ? x : y, without a branch: compilers keep these as branches when
-       they may not reorder floating point, and in a tree walk their outcome is a coin toss. */
-    #if defined(__SSE2__) || defined(_M_X64)
-    #include <emmintrin.h>
-    static inline double dbvt_above(double x, double y) {
-        return _mm_cvtsd_f64(_mm_max_sd(_mm_set_sd(x), _mm_set_sd(y)));
-    }
-    static inline double dbvt_below(double x, double y) {
-        return _mm_cvtsd_f64(_mm_min_sd(_mm_set_sd(x), _mm_set_sd(y)));
-    }
-    #else
-    static inline double dbvt_above(double x, double y) { return x > y ? x : y; }
-    static inline double dbvt_below(double x, double y) { return x < y ? x : y; }
-    #endif
-    """
-    double above "dbvt_above"(double x, double y) noexcept nogil
-    double below "dbvt_below"(double x, double y) noexcept nogil
 
 
 cdef inline double point_gap(const double *p, const float *box, int32_t dims) noexcept nogil:

@@ -11,7 +11,7 @@ from libc.math cimport INFINITY, nextafterf, sqrt
 from libc.stdint cimport int32_t, int64_t, uint32_t
 from libc.string cimport memcpy
 
-from dbvt._core cimport PROXY_SENSOR_BOX, PROXY_SENSOR_SPHERE, Hits, TreeCore, boxes_overlap
+from dbvt._core cimport PROXY_SENSOR_BOX, PROXY_SENSOR_SPHERE, Hits, TreeCore, above, boxes_overlap
 
 
 cdef enum:
@@ -69,27 +69,30 @@ cdef inline bint shape_touches(const Shape *s, const float *b, bint inside, doub
     cdef int i
     cdef double gap, distance_sq = 0.0, distance
     cdef bint now
+    # Branch-free throughout: which side of a sensor a partner lies on, and whether it is inside, are
+    # coin tosses over a sensor's list, and a missed guess costs more than the whole test.
     if s.sphere:
         for i in range(s.dims):
-            gap = max(<double>b[i] - s.centre[i], s.centre[i] - <double>b[i + 3], 0.0)
+            gap = above(above(<double>b[i] - s.centre[i], s.centre[i] - <double>b[i + 3]), 0.0)
             distance_sq += gap * gap
         now = distance_sq <= s.limit_sq[k]
         if slack != NULL:
+            # Inside, the distance to the grown shape's edge; outside, to the bare shape's.
             distance = sqrt(distance_sq)
-            slack[0] = (s.limit[1] - distance if now else distance - s.limit[0]) - ROUNDING * (s.scale + distance)
+            slack[0] = (s.limit[<int>now] - distance) * <double>(2 * <int>now - 1) \
+                - ROUNDING * (s.scale + distance)
         return now
     now = True
     for i in range(s.dims):
-        if <double>b[i] > s.high[k][i] or <double>b[i + 3] < s.low[k][i]:
-            now = False
+        now &= (<double>b[i] <= s.high[k][i]) & (<double>b[i + 3] >= s.low[k][i])
     if slack != NULL:
         # The largest gap between the box and the bare shape along an axis: touching within `grow`
         # means every gap is at most `grow`.
         distance = -1e300
         for i in range(s.dims):
-            gap = max(<double>b[i] - s.high[0][i], s.low[0][i] - <double>b[i + 3])
-            distance = max(distance, gap)
-        slack[0] = (s.limit[1] - distance if now else distance) - ROUNDING * (s.scale + abs(distance))
+            distance = above(distance, above(<double>b[i] - s.high[0][i], s.low[0][i] - <double>b[i + 3]))
+        slack[0] = (s.limit[1] * <double>now - distance) * <double>(2 * <int>now - 1) \
+            - ROUNDING * (s.scale + abs(distance))
     return now
 
 
@@ -134,7 +137,7 @@ cdef inline bint ball_touches(const double *centre, double radius, const float *
     cdef double gap, distance_sq = 0.0
     cdef int i
     for i in range(dims):
-        gap = max(<double>box[i] - centre[i], centre[i] - <double>box[i + 3], 0.0)
+        gap = above(above(<double>box[i] - centre[i], centre[i] - <double>box[i + 3]), 0.0)
         distance_sq += gap * gap
     return distance_sq <= radius * radius
 
