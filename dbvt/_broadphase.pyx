@@ -41,8 +41,8 @@ from dbvt._partners cimport (
     INLINE_PARTNERS, TOUCHING, Partners, budgets_of, items_of, partners_find, partners_place, tight_overlap,
 )
 from dbvt._sensors cimport (
-    ROUNDING, SensorGrid, Shape, ball_holds, grid_build, grid_free, grid_init, grid_list_sensors, move_drift,
-    reach_cube, shape_of, shape_touches,
+    ROUNDING, SensorIndex, Shape, ball_holds, index_bytes, index_free, index_init, index_note, index_note_room,
+    index_update, move_drift, reach_cube, shape_of, shape_touches,
 )
 from dbvt._tree cimport TreeBase, pair_array, prefetch_move
 
@@ -277,9 +277,8 @@ cdef class Broadphase(TreeBase):
     cdef int64_t flip_count
     cdef int64_t flip_capacity
     cdef PairBuffer by_id           # scratch of update(): [id, proxy] of the moved sensors, sorted by id
-    cdef SensorGrid grid            # for proxies' partner refreshes, the sensors' fat boxes cut into cells
-    cdef bint grid_stale            # a sensor's fat box changed since the grid was built
-    cdef bint sensors_stale         # and sensors were created or destroyed
+    cdef SensorIndex sensor_index   # for proxies' partner refreshes, the sensors' fat boxes cut into cells
+    cdef bint sensors_stale         # sensors were created or destroyed since it was built
 
     def __cinit__(self, *args, **kwargs):
         self.groups = NULL
@@ -293,8 +292,8 @@ cdef class Broadphase(TreeBase):
         self.due_capacity = 0
         self.flips = NULL
         self.flip_count = self.flip_capacity = 0
-        grid_init(&self.grid)
-        self.grid_stale = self.sensors_stale = True
+        index_init(&self.sensor_index)
+        self.sensors_stale = True
         memset(&self.ended, 0, sizeof(PairBuffer))
         memset(&self.leaving, 0, sizeof(PairBuffer))
         memset(&self.entered, 0, sizeof(PairBuffer))
@@ -324,7 +323,7 @@ cdef class Broadphase(TreeBase):
         free(self.drift)
         free(self.due)
         free(self.flips)
-        grid_free(&self.grid)
+        index_free(&self.sensor_index)
         pairs_free(&self.ended)
         pairs_free(&self.leaving)
         pairs_free(&self.entered)
@@ -419,7 +418,7 @@ cdef class Broadphase(TreeBase):
         self._reserve(n, n)
         if kind_arr.any():
             self._track_drift()
-            self.grid_stale = self.sensors_stale = True
+            self.sensors_stale = True
         cdef int32_t[::1] proxies = self._add(id_arr, box_arr)
         cdef Py_ssize_t i
         cdef int32_t proxy
@@ -520,6 +519,8 @@ cdef class Broadphase(TreeBase):
             if before.shape[0] != n or before.shape[1] != 2 * dims:
                 raise ValueError(f"previous must be ({n}, {2 * dims}) float32, got {np.shape(previous)}")
         self._reserve(0, n)
+        if self.sensor_count and index_note_room(&self.sensor_index, n) != 0:
+            raise MemoryError()
         with nogil:
             for i in range(n):
                 prefetch_move(&self.core, &proxies[0], &order[0], i, n)
@@ -531,7 +532,7 @@ cdef class Broadphase(TreeBase):
                 load_box(&rows[row, 0], self.core.dims, box)
                 refat = self._move_proxy(proxies[row], box)
                 if refat and is_sensor(&self.core, proxies[row]):
-                    self.grid_stale = True
+                    index_note(&self.sensor_index, proxies[row])
                 refattened += refat
                 self._mark_moved(proxies[row], refat)
         self._after_change()
@@ -563,7 +564,7 @@ cdef class Broadphase(TreeBase):
                 self.groups[proxy] = self.masks[proxy] = 0
                 if is_sensor(&self.core, proxy):
                     self.sensor_count -= 1
-                    self.grid_stale = self.sensors_stale = True
+                    self.sensors_stale = True
                 core_remove(&self.core, proxy)
         self._after_change()
 
@@ -739,19 +740,18 @@ cdef class Broadphase(TreeBase):
         cdef Hits hits
         memset(&stack, 0, sizeof(Stack))
         memset(&hits, 0, sizeof(Hits))
-        if self.sensor_count and self.grid_stale:
-            if self.sensors_stale and grid_list_sensors(&self.grid, &self.core) != 0:
+        if self.sensor_count:
+            if index_update(&self.sensor_index, &self.core, self.sensors_stale) != 0:
+                self.sensors_stale = True
                 return -1
-            if grid_build(&self.grid, &self.core) != 0:
-                return -1
-            self.grid_stale = self.sensors_stale = False
+            self.sensors_stale = False
         # Proxy numbers follow the tree's order after a build, so taking the moved proxies in
         # that order keeps consecutive queries on the same, cache-warm paths.
         sort_int32(self.moved, self.moved_count)
         finder.t = &self.core
         finder.groups = self.groups
         finder.masks = self.masks
-        finder.grid = &self.grid
+        finder.sensor_index = &self.sensor_index
         finder.sensors = self.sensor_count != 0
         if self.threads > 1:
             status = self._refresh_on_threads(&finder, &hits, ended)
@@ -1169,8 +1169,7 @@ cdef class Broadphase(TreeBase):
         info["memory_bytes"] += (self.slot_capacity * (2 * sizeof(uint32_t) + sizeof(Partners)
                                                        + (sizeof(double) if self.drift != NULL else 0))
                                  + partner_bytes + (self.moved_capacity + self.due_capacity) * sizeof(int32_t)
-                                 + (self.flip_capacity * 2 + self.grid.start_capacity + self.grid.entry_capacity
-                                    + self.grid.sensor_capacity) * sizeof(int32_t)
+                                 + self.flip_capacity * 2 * sizeof(int32_t) + index_bytes(&self.sensor_index)
                                  + (self.ended.capacity + self.entered.capacity + self.left.capacity
                                     + self.leaving.capacity) * sizeof(IdPair))
         return info

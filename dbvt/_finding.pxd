@@ -11,7 +11,7 @@ from dbvt._core cimport (
     PROXY_SENSOR, PROXY_SENSOR_SPHERE, QUERY_FAT_BOX, Hits, Query, Stack, TreeCore, listed_allowed, walk,
 )
 from dbvt._partners cimport Partners
-from dbvt._sensors cimport SensorGrid, ball_touches, grid_find, reach_ball, within_reach
+from dbvt._sensors cimport SensorIndex, ball_touches, index_find, reach_ball, within_reach
 
 cdef enum:
     FIND_CHUNK = 64                 # proxies a thread takes at a time
@@ -23,7 +23,7 @@ ctypedef struct Finder:             # what finding partners reads, and nothing w
     const TreeCore *t
     const uint32_t *groups          # per proxy slot
     const uint32_t *masks
-    const SensorGrid *grid          # the sensors by cell; read only when `sensors`
+    const SensorIndex *sensor_index # the sensors by cell; read only when `sensors`
     bint sensors                    # the world has sensors
 
 ctypedef struct Found:              # the partners find_all found, a Hits a thread
@@ -69,7 +69,7 @@ cdef inline int find_partners(const Finder *f, int32_t proxy, Stack *stack, Hits
     ball = ((t.proxies[proxy].flags & PROXY_SENSOR_SPHERE) != 0
             and reach_ball(t.proxies[proxy].fat, t.dims, centre, &radius))
     if f.sensors and not sensor:
-        found = grid_find(f.grid, t, q.box, hits)   # only sensors within reach
+        found = index_find(f.sensor_index, t, q.box, hits)     # only sensors within reach
         if found == 1:
             q.skip_flags = 0
             hits.count = start
@@ -87,7 +87,7 @@ cdef inline int find_partners(const Finder *f, int32_t proxy, Stack *stack, Hits
             kept += 1
     sort_int32(hits.proxies + start, kept - start)
     if grid:
-        # A sensor the grid lists in several cells is found once per cell.
+        # A sensor the grids list in several cells is found once per cell.
         h = kept
         kept = start
         for i in range(start, h):

@@ -221,7 +221,8 @@ cdef inline bint reach_cube(const float *tight, const float *before, int dims, d
 # their boxes are large and overlap each other heavily, so a walk opens some hundred nodes for the
 # few sensors it finds, and every partner refresh of a proxy needs one. A hash grid of cells as large
 # as a sensor's fat box on average finds them among the few sensors of the one to eight cells the box
-# spans. It is built afresh, in one pass, whenever a sensor's fat box changed before an update.
+# spans. Each entry holds a copy of its sensor's fat box, and one whose copy differs from the
+# sensor's fat box now is stale: lookups pass over it.
 ctypedef struct GridEntry:          # a sensor in one of its cells: 32 bytes
     float fat[6]                    # its fat box, copied: a lookup reads its cells' entries in a row
     int32_t sensor
@@ -240,8 +241,23 @@ ctypedef struct SensorGrid:
     int64_t sensor_capacity
 
 
-cdef void grid_init(SensorGrid *g) noexcept nogil
-cdef void grid_free(SensorGrid *g) noexcept nogil
-cdef int grid_list_sensors(SensorGrid *g, const TreeCore *t) noexcept nogil
-cdef int grid_build(SensorGrid *g, const TreeCore *t) noexcept nogil
-cdef int grid_find(const SensorGrid *g, const TreeCore *t, const float *box, Hits *hits) noexcept nogil
+# Sensors refresh their fat boxes at different steps (a sensor that turns leaves its box early), so
+# some change before most updates, and cutting every sensor into cells again each time cost more
+# than the lookups. The grid of every sensor is rebuilt only when sensors come or go or many have
+# changed; meanwhile the few that changed since are in a second grid, small and built afresh at
+# each update, and lookups read both.
+ctypedef struct SensorIndex:
+    SensorGrid settled              # every sensor, as its fat box was at the last full build...
+    SensorGrid recent               # ...and those whose fat boxes changed since; its `sensors` gathers
+                                    # them as they do (a sensor perhaps more than once) until update()
+    bint recent_stale               # some were gathered since `recent` was built
+    bint settled_stale              # as many as there are sensors were: rebuild both
+
+
+cdef void index_init(SensorIndex *x) noexcept nogil
+cdef void index_free(SensorIndex *x) noexcept nogil
+cdef int64_t index_bytes(const SensorIndex *x) noexcept nogil
+cdef int index_note_room(SensorIndex *x, int64_t n) noexcept nogil
+cdef void index_note(SensorIndex *x, int32_t sensor) noexcept nogil
+cdef int index_update(SensorIndex *x, const TreeCore *t, bint sensors_changed) noexcept nogil
+cdef int index_find(const SensorIndex *x, const TreeCore *t, const float *box, Hits *hits) noexcept nogil

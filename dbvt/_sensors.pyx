@@ -1,5 +1,5 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False, cdivision=True
-"""The sensors' grid (see _sensors.pxd): which sensors a fat box is within reach of.
+"""The sensors' grids (see _sensors.pxd): which sensors a fat box is within reach of.
 
 Exact as the tree's walk is: a cell is floor(x / cell) on each axis, and division and floor are
 monotone, so two closed boxes that share a point share that point's cell; every candidate is then
@@ -9,12 +9,16 @@ memory ran out.
 from libc.math cimport floor, isfinite
 from libc.stdint cimport int32_t, int64_t, uint64_t
 from libc.stdlib cimport free, realloc
-from libc.string cimport memcpy, memset
+from libc.string cimport memcmp, memcpy, memset
 
+from dbvt._batch cimport sort_int32
 from dbvt._core cimport PROXY_LIVE, PROXY_SENSOR, Hits, TreeCore, hits_push, meet
 
 cdef enum:
     WIDE_CELLS = 64                 # a box over more cells than this is tested whole, not cell by cell
+    # The settled grid is rebuilt once more than this share of the sensors are in the recent one:
+    # each update rebuilds the recent grid, and lookups read the settled one's stale entries.
+    RECENT_SHARE = 8
 
 # Cell coordinates are clamped here, far beyond any box a cell as large as a sensor could tile.
 cdef double FARTHEST_CELL = 1099511627776.0     # 2^40
@@ -84,8 +88,8 @@ cdef int grid_list_sensors(SensorGrid *g, const TreeCore *t) noexcept nogil:
     return 0
 
 
-cdef int grid_build(SensorGrid *g, const TreeCore *t) noexcept nogil:
-    """Cut the listed sensors' fat boxes into cells as wide as their average side."""
+cdef int grid_build(SensorGrid *g, const TreeCore *t, double cell) noexcept nogil:
+    """Cut the listed sensors' fat boxes into cells of side `cell`, or (0) as wide as their average side."""
     cdef double extent = 0.0
     cdef int64_t buckets = 16, count = 0, s, b, x, y, z
     cdef int64_t low[3]
@@ -97,13 +101,15 @@ cdef int grid_build(SensorGrid *g, const TreeCore *t) noexcept nogil:
     g.wide_count = 0
     if g.sensor_count == 0:
         return 0
-    for s in range(g.sensor_count):
-        fat = t.proxies[g.sensors[s]].fat
-        for i in range(t.dims):
-            extent += (<double>fat[i + 3] - <double>fat[i]) / t.dims
-    g.cell = extent / g.sensor_count
-    if not (g.cell > 0.0 and isfinite(g.cell)):
-        g.cell = 1.0
+    if cell == 0.0:
+        for s in range(g.sensor_count):
+            fat = t.proxies[g.sensors[s]].fat
+            for i in range(t.dims):
+                extent += (<double>fat[i + 3] - <double>fat[i]) / t.dims
+        cell = extent / g.sensor_count
+        if not (cell > 0.0 and isfinite(cell)):
+            cell = 1.0
+    g.cell = cell
     # The sensors over too many cells go first in the list (tested by every lookup); count the rest's cells.
     for s in range(g.sensor_count):
         sensor = g.sensors[s]
@@ -145,10 +151,15 @@ cdef int grid_build(SensorGrid *g, const TreeCore *t) noexcept nogil:
     return 0
 
 
+cdef inline bint current(const GridEntry *e, const TreeCore *t) noexcept nogil:
+    """Whether the entry's copy of its sensor's fat box is the box now (bit for bit), not stale."""
+    return memcmp(e.fat, t.proxies[e.sensor].fat, sizeof(e.fat)) == 0
+
+
 cdef int grid_find(const SensorGrid *g, const TreeCore *t, const float *box, Hits *hits) noexcept nogil:
-    """Append to `hits` every sensor that a proxy with fat box `box` is within reach of (some perhaps
-    more than once: a sensor is listed in each of its cells). Returns 1, with nothing appended, when `box` spans too
-    many cells: then walk the sensors' subtree instead."""
+    """Append to `hits` every sensor that a proxy with fat box `box` is within reach of and whose entry
+    is current (some perhaps more than once: a sensor is listed in each of its cells). Returns 1, with
+    nothing appended, when `box` spans too many cells: then walk the sensors' subtree instead."""
     cdef int64_t low[3]
     cdef int64_t high[3]
     cdef int64_t x, y, z, b, k
@@ -164,6 +175,7 @@ cdef int grid_find(const SensorGrid *g, const TreeCore *t, const float *box, Hit
                 for k in range(g.starts[b], g.starts[b + 1]):
                     if (meet(box, g.entries[k].fat)
                             and within_reach(g.entries[k].fat, g.entries[k].flags, box, t.dims)
+                            and current(&g.entries[k], t)
                             and hits_push(hits, g.entries[k].sensor, 0.0) != 0):
                         return -1
     for k in range(g.wide_count):
@@ -172,3 +184,74 @@ cdef int grid_find(const SensorGrid *g, const TreeCore *t, const float *box, Hit
                 and hits_push(hits, sensor, 0.0) != 0):
             return -1
     return 0
+
+
+cdef void index_init(SensorIndex *x) noexcept nogil:
+    grid_init(&x.settled)
+    grid_init(&x.recent)
+    x.recent_stale = x.settled_stale = False
+
+
+cdef void index_free(SensorIndex *x) noexcept nogil:
+    grid_free(&x.settled)
+    grid_free(&x.recent)
+    x.recent_stale = x.settled_stale = False
+
+
+cdef inline int64_t grid_bytes(const SensorGrid *g) noexcept nogil:
+    return ((g.start_capacity + g.sensor_capacity) * <int64_t>sizeof(int32_t)
+            + g.entry_capacity * <int64_t>sizeof(GridEntry))
+
+
+cdef int64_t index_bytes(const SensorIndex *x) noexcept nogil:
+    return grid_bytes(&x.settled) + grid_bytes(&x.recent)
+
+
+cdef int index_note_room(SensorIndex *x, int64_t n) noexcept nogil:
+    """Room to note `n` more sensors, so that index_note cannot fail."""
+    n = min(n, max(x.settled.sensor_count - x.recent.sensor_count, 0))
+    return grow(<void **>&x.recent.sensors, &x.recent.sensor_capacity, x.recent.sensor_count + n, sizeof(int32_t))
+
+
+cdef void index_note(SensorIndex *x, int32_t sensor) noexcept nogil:
+    """A sensor's fat box changed: the next index_update puts it in the recent grid, or, once as many
+    have been noted as there are sensors, rebuilds both (the list stays that short)."""
+    x.recent_stale = True
+    if x.recent.sensor_count >= x.settled.sensor_count:
+        x.settled_stale = True
+        return
+    x.recent.sensors[x.recent.sensor_count] = sensor
+    x.recent.sensor_count += 1
+
+
+cdef int index_update(SensorIndex *x, const TreeCore *t, bint sensors_changed) noexcept nogil:
+    """Make the grids answer for the sensors' fat boxes now, before partner refreshes: both afresh when
+    sensors came or went (`sensors_changed`) or many changed, else the recent one with those noted
+    since. After a failure, the next call must have `sensors_changed`."""
+    cdef int64_t k, kept = 0
+    cdef int32_t *noted = x.recent.sensors
+    if not (sensors_changed or x.recent_stale):
+        return 0
+    sensors_changed |= x.settled_stale
+    x.recent_stale = x.settled_stale = False
+    sort_int32(noted, x.recent.sensor_count)
+    for k in range(x.recent.sensor_count):
+        if kept == 0 or noted[k] != noted[kept - 1]:
+            noted[kept] = noted[k]
+            kept += 1
+    x.recent.sensor_count = kept
+    if sensors_changed or RECENT_SHARE * x.recent.sensor_count > x.settled.sensor_count:
+        x.recent.sensor_count = 0
+        if grid_list_sensors(&x.settled, t) != 0 or grid_build(&x.settled, t, 0.0) != 0:
+            return -1
+    return grid_build(&x.recent, t, x.settled.cell)
+
+
+cdef int index_find(const SensorIndex *x, const TreeCore *t, const float *box, Hits *hits) noexcept nogil:
+    """Append to `hits` every sensor that a proxy with fat box `box` is within reach of (some perhaps
+    more than once: in several cells, or in both grids). Returns 1, with nothing appended, when `box`
+    spans too many cells: then walk the sensors' subtree instead."""
+    cdef int found = grid_find(&x.settled, t, box, hits)
+    if found != 0:
+        return found
+    return grid_find(&x.recent, t, box, hits)
