@@ -337,6 +337,10 @@ def test_every_server_setting_is_documented(page):
 
 
 def test_no_page_sends_users_outside_the_repository():
+    """A user's clone holds only the repository: every path a page climbs to with `../` must
+    resolve inside it, in links and in prose alike."""
+    root = REPO.resolve()
     for page in PAGES:
-        text = page.read_text()
-        assert "../shared" not in text and "shared/bench" not in text, page.name
+        for path in re.findall(r"(?:\.\./)+[\w.-][\w./-]*", page.read_text()):
+            target = (page.parent / path).resolve()
+            assert target == root or root in target.parents, f"{page.name} points outside the repository: {path}"
