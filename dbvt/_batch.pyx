@@ -195,6 +195,16 @@ cdef void sort_int32(int32_t *items, int64_t n) noexcept nogil:
     sort_items(items, n)
 
 
+cdef int64_t drop_repeats(int32_t *items, int64_t n) noexcept nogil:
+    """Keep one of each run of equal items (sorted ones: each value once), in place; returns how many."""
+    cdef int64_t i, kept = 0
+    for i in range(n):
+        if kept == 0 or items[i] != items[kept - 1]:
+            items[kept] = items[i]
+            kept += 1
+    return kept
+
+
 cdef void sort_pairs(IdPair *pairs, int64_t n) noexcept nogil:
     sort_items(pairs, n)
 

@@ -6,7 +6,7 @@
 from libc.stdint cimport int32_t, int64_t, uint32_t
 from libc.string cimport memcpy
 
-from dbvt._batch cimport sort_int32
+from dbvt._batch cimport drop_repeats, sort_int32
 from dbvt._core cimport (
     PROXY_SENSOR, PROXY_SENSOR_SPHERE, QUERY_FAT_BOX, Hits, Query, Stack, TreeCore, listed_allowed, walk,
 )
@@ -52,7 +52,7 @@ cdef inline int find_partners(const Finder *f, int32_t proxy, Stack *stack, Hits
     cdef double centre[3]
     cdef double radius
     cdef Query q
-    cdef int64_t start = hits.count, h, i, kept = hits.count
+    cdef int64_t start = hits.count, h, kept = hits.count
     cdef int32_t other
     cdef int found
     q.kind = QUERY_FAT_BOX
@@ -88,12 +88,7 @@ cdef inline int find_partners(const Finder *f, int32_t proxy, Stack *stack, Hits
     sort_int32(hits.proxies + start, kept - start)
     if grid:
         # A sensor the grids list in several cells is found once per cell.
-        h = kept
-        kept = start
-        for i in range(start, h):
-            if kept == start or hits.proxies[i] != hits.proxies[kept - 1]:
-                hits.proxies[kept] = hits.proxies[i]
-                kept += 1
+        kept = start + drop_repeats(hits.proxies + start, kept - start)
     hits.count = kept
     return 0
 

@@ -11,7 +11,7 @@ from libc.stdint cimport int32_t, int64_t, uint64_t
 from libc.stdlib cimport free, realloc
 from libc.string cimport memcmp, memcpy, memset
 
-from dbvt._batch cimport sort_int32
+from dbvt._batch cimport drop_repeats, sort_int32
 from dbvt._core cimport PROXY_LIVE, PROXY_SENSOR, Hits, TreeCore, hits_push, meet
 
 cdef enum:
@@ -228,18 +228,12 @@ cdef int index_update(SensorIndex *x, const TreeCore *t, bint sensors_changed) n
     """Make the grids answer for the sensors' fat boxes now, before partner refreshes: both afresh when
     sensors came or went (`sensors_changed`) or many changed, else the recent one with those noted
     since. After a failure, the next call must have `sensors_changed`."""
-    cdef int64_t k, kept = 0
-    cdef int32_t *noted = x.recent.sensors
     if not (sensors_changed or x.recent_stale):
         return 0
     sensors_changed |= x.settled_stale
     x.recent_stale = x.settled_stale = False
-    sort_int32(noted, x.recent.sensor_count)
-    for k in range(x.recent.sensor_count):
-        if kept == 0 or noted[k] != noted[kept - 1]:
-            noted[kept] = noted[k]
-            kept += 1
-    x.recent.sensor_count = kept
+    sort_int32(x.recent.sensors, x.recent.sensor_count)
+    x.recent.sensor_count = drop_repeats(x.recent.sensors, x.recent.sensor_count)
     if sensors_changed or RECENT_SHARE * x.recent.sensor_count > x.settled.sensor_count:
         x.recent.sensor_count = 0
         if grid_list_sensors(&x.settled, t) != 0 or grid_build(&x.settled, t, 0.0) != 0:
