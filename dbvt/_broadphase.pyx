@@ -406,7 +406,7 @@ cdef class Broadphase(TreeBase):
         1 box, 2 sphere). Sensors need track_pairs."""
         id_arr = validation.as_ids(ids)
         n = len(id_arr)
-        box_arr = validation.as_boxes(boxes, self.core.dims, n)
+        box_arr = validation.as_boxes(boxes, self.core.dims, n, threads=self.threads)
         cdef const unsigned char[::1] statics = validation.as_flags(static, n, "static")
         cdef const uint32_t[::1] group_view = validation.as_uint32(group, n, "group")
         cdef const uint32_t[::1] mask_view = validation.as_uint32(mask, n, "mask")
@@ -502,7 +502,7 @@ cdef class Broadphase(TreeBase):
         `previous`, a float32 array shaped as `boxes`, receives the tight boxes they had, for
         undoing the move (at no cost beyond the copy: the proxies are in hand anyway)."""
         id_arr = validation.as_ids(ids)
-        cdef const float[:, ::1] rows = validation.as_boxes(boxes, self.core.dims, len(id_arr))
+        cdef const float[:, ::1] rows = validation.as_boxes(boxes, self.core.dims, len(id_arr), threads=self.threads)
         proxy_arr = self._existing(id_arr)
         cdef int32_t[::1] proxies = proxy_arr
         # In proxy order, which follows the tree's after a build: neighbouring edits share paths.

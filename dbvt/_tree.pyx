@@ -622,7 +622,7 @@ cdef class Tree(TreeBase):
     def insert(self, ids, boxes):
         """Add proxies. Into an empty tree this is one bulk binned-SAH build."""
         id_arr = validation.as_ids(ids)
-        box_arr = validation.as_boxes(boxes, self.core.dims, len(id_arr))
+        box_arr = validation.as_boxes(boxes, self.core.dims, len(id_arr), threads=self.threads)
         self._check_new(id_arr)
         self._add(id_arr, box_arr)
         self._after_change()
@@ -630,7 +630,7 @@ cdef class Tree(TreeBase):
     def update(self, ids, boxes):
         """Give proxies new tight boxes; returns how many left their fat box (and got a new one)."""
         id_arr = validation.as_ids(ids)
-        cdef const float[:, ::1] rows = validation.as_boxes(boxes, self.core.dims, len(id_arr))
+        cdef const float[:, ::1] rows = validation.as_boxes(boxes, self.core.dims, len(id_arr), threads=self.threads)
         proxy_arr = self._existing(id_arr)
         cdef int32_t[::1] proxies = proxy_arr
         # In proxy order, which follows the tree's after a build: neighbouring edits share paths.

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from dbvt._rows import first_bad_row
+
 MAX_FRUSTUM_PLANES = 32
 # More threads than this for one structure's queries would only be a typo: each needs 64 rows.
 MAX_THREADS = 1024
@@ -81,7 +83,10 @@ def as_ids(ids, name: str = "ids") -> np.ndarray:
     return np.ascontiguousarray(arr, dtype=np.uint64)
 
 
-def _as_rows(values, width: int, name: str, rows: int | None, against: str = "ids") -> np.ndarray:
+def _as_rows(values, width: int, name: str, rows: int | None, against: str = "ids", box_dims: int = 0,
+             threads: int = 1) -> np.ndarray:
+    """(n, width) C-contiguous finite float32 rows; with box_dims, boxes [min..., max...] too. A
+    large batch is checked on `threads` threads (a structure's own)."""
     try:
         arr = np.asarray(values, dtype=np.float32)
     except (TypeError, ValueError) as exc:
@@ -92,26 +97,26 @@ def _as_rows(values, width: int, name: str, rows: int | None, against: str = "id
         raise ValueError(f"{name} must have shape (n, {width}), got {arr.shape}")
     if rows is not None and arr.shape[0] != rows:
         raise ValueError(f"{name} has {arr.shape[0]} rows but {against} has {rows}")
-    _check_finite(arr, name)
-    return np.ascontiguousarray(arr)
-
-
-def _check_finite(arr: np.ndarray, name: str) -> None:
-    finite = np.isfinite(arr)
-    if not finite.all():
-        row = int(np.flatnonzero(~finite.reshape(arr.shape[0], -1).all(axis=1))[0])
-        raise ValueError(f"{name} row {row}: NaN or infinite value {arr[row].tolist()}")
-
-
-def as_boxes(boxes, dims: int, rows: int | None = None, name: str = "boxes") -> np.ndarray:
-    """(n, 2*dims) float32 rows [min..., max...], finite, min <= max on every axis."""
-    arr = _as_rows(boxes, 2 * dims, name, rows)
-    inverted = arr[:, :dims] > arr[:, dims:]
-    if inverted.any():
-        row = int(np.flatnonzero(inverted.any(axis=1))[0])
-        axis = int(np.flatnonzero(inverted[row])[0])
-        raise ValueError(f"{name} row {row}: min > max on axis {axis} ({arr[row].tolist()})")
+    arr = np.ascontiguousarray(arr)
+    _check_rows(arr, name, box_dims, threads)
     return arr
+
+
+def _check_rows(arr: np.ndarray, name: str, dims: int, threads: int = 1) -> None:
+    """Every value finite (else the first row with a NaN or an infinity is named); with dims, rows
+    [min..., max...] with min <= max on every axis (else the first inverted row is named)."""
+    row, finite = first_bad_row(arr, dims, threads)
+    if row < 0:
+        return
+    if not finite:
+        raise ValueError(f"{name} row {row}: NaN or infinite value {arr[row].tolist()}")
+    axis = int(np.flatnonzero(arr[row, :dims] > arr[row, dims:])[0])
+    raise ValueError(f"{name} row {row}: min > max on axis {axis} ({arr[row].tolist()})")
+
+
+def as_boxes(boxes, dims: int, rows: int | None = None, name: str = "boxes", threads: int = 1) -> np.ndarray:
+    """(n, 2*dims) float32 rows [min..., max...], finite, min <= max on every axis."""
+    return _as_rows(boxes, 2 * dims, name, rows, box_dims=dims, threads=threads)
 
 
 def as_points(points, dims: int, name: str) -> np.ndarray:
@@ -157,13 +162,14 @@ def as_radii(radii, rows: int) -> np.ndarray:
         arr = np.full(rows, arr, np.float32)
     if arr.shape != (rows,):
         raise ValueError(f"radii must have shape ({rows},), got {arr.shape}")
+    arr = np.ascontiguousarray(arr)
     if rows:
-        _check_finite(arr.reshape(rows, 1), "radii")
+        _check_rows(arr.reshape(rows, 1), "radii", 0)
         negative = np.flatnonzero(arr < 0)
         if negative.size:
             row = int(negative[0])
             raise ValueError(f"radii row {row}: negative radius {arr[row]}")
-    return np.ascontiguousarray(arr)
+    return arr
 
 
 def as_planes(planes, dims: int) -> np.ndarray:
@@ -178,9 +184,10 @@ def as_planes(planes, dims: int) -> np.ndarray:
         raise ValueError(f"planes must have shape (q, k, {dims + 1}), got {arr.shape}")
     if not 1 <= arr.shape[1] <= MAX_FRUSTUM_PLANES:
         raise ValueError(f"planes: k must be between 1 and {MAX_FRUSTUM_PLANES}, got {arr.shape[1]}")
+    arr = np.ascontiguousarray(arr)
     if arr.shape[0]:
-        _check_finite(arr.reshape(arr.shape[0], -1), "planes")
-    return np.ascontiguousarray(arr)
+        _check_rows(arr.reshape(arr.shape[0], -1), "planes", 0)
+    return arr
 
 
 def as_uint32(value, rows: int, name: str) -> np.ndarray:
