@@ -9,7 +9,7 @@ from libc.string cimport memcpy, memmove, memset
 
 from dbvt._core cimport (
     NULL_REF, PREFETCH_AHEAD, PROXY_LIVE, PROXY_SENSOR, Proxy, TreeCore, box_cost, fatten, grow_nodes, insert_leaf,
-    load_box, mix64, prefetch, ref_height, set_parent, slot_insert, union_box, wide_stale,
+    fill_slots, load_box, prefetch, ref_height, set_parent, union_box, wide_stale,
 )
 from dbvt._parallel cimport counter_set, counter_take, dbvt_counter, run_parts
 
@@ -86,10 +86,64 @@ cdef inline void bounds_merge(Bounds *b, const Bounds *other) noexcept nogil:
         b.cmax[k] = other.cmax[k] if other.cmax[k] > b.cmax[k] else b.cmax[k]
 
 
+cdef inline float min_of(float a, float b) noexcept nogil:
+    return a if a < b else b
+
+
+cdef inline float max_of(float a, float b) noexcept nogil:
+    return a if a > b else b
+
+
 cdef void bound_range(const BuildItem *items, int64_t start, int64_t count, Bounds *out) noexcept nogil:
+    """(count >= 1) The bounds gather in locals, not through `out`: the compiler could not keep
+    them in registers behind a pointer that the items' loads might alias, and stored all twelve on
+    every item (this loop is a fifth of a bulk build). Ties keep what union_box and bounds_add keep."""
+    cdef const BuildItem *item = &items[start]
+    cdef float lo0 = item.box[0], lo1 = item.box[1], lo2 = item.box[2]
+    cdef float hi0 = item.box[3], hi1 = item.box[4], hi2 = item.box[5]
+    cdef float cl0 = item.center[0], cl1 = item.center[1], cl2 = item.center[2]
+    cdef float ch0 = cl0, ch1 = cl1, ch2 = cl2
     cdef int64_t i
-    for i in range(start, start + count):
-        bounds_add(out, &items[i], i == start)
+    for i in range(start + 1, start + count):
+        item = &items[i]
+        lo0 = min_of(lo0, item.box[0]); lo1 = min_of(lo1, item.box[1]); lo2 = min_of(lo2, item.box[2])
+        hi0 = max_of(hi0, item.box[3]); hi1 = max_of(hi1, item.box[4]); hi2 = max_of(hi2, item.box[5])
+        cl0 = min_of(item.center[0], cl0); cl1 = min_of(item.center[1], cl1); cl2 = min_of(item.center[2], cl2)
+        ch0 = max_of(item.center[0], ch0); ch1 = max_of(item.center[1], ch1); ch2 = max_of(item.center[2], ch2)
+    out.box[0], out.box[1], out.box[2], out.box[3], out.box[4], out.box[5] = lo0, lo1, lo2, hi0, hi1, hi2
+    out.cmin[0], out.cmin[1], out.cmin[2] = cl0, cl1, cl2
+    out.cmax[0], out.cmax[1], out.cmax[2] = ch0, ch1, ch2
+
+
+ctypedef struct PartBounds:         # bound_range over n items cut into parts, each part's bounds apart
+    const BuildItem *items
+    int64_t n
+    int parts
+    Bounds *out
+
+
+cdef void bounds_part(void *context, int part) noexcept nogil:
+    cdef PartBounds *p = <PartBounds *>context
+    cdef int64_t start = p.n * part // p.parts, end = p.n * (part + 1) // p.parts
+    bound_range(p.items, start, end - start, &p.out[part])
+
+
+cdef void bound_all(const BuildItem *items, int64_t n, Bounds *out, int threads) noexcept nogil:
+    """bound_range over all n items (n >= 1), on threads: the parts' bounds merged in order give
+    what one pass would, ties included."""
+    cdef PartBounds p
+    cdef int part
+    p.items, p.n = items, n
+    p.parts = threads if n >= PARALLEL_BUILD_FROM else 1
+    p.out = <Bounds *>malloc(p.parts * sizeof(Bounds))
+    if p.out == NULL:
+        bound_range(items, 0, n, out)
+        return
+    run_parts(bounds_part, &p, p.parts)
+    out[0] = p.out[0]
+    for part in range(1, p.parts):
+        bounds_merge(out, &p.out[part])
+    free(p.out)
 
 
 cdef inline int bin_of(float center, float low, double scale) noexcept nogil:
@@ -347,50 +401,108 @@ cdef uint64_t *morton_sort(const BuildItem *items, int64_t n, const Bounds *all,
     return keys
 
 
-cdef int64_t form_clusters(const uint64_t *keys, int64_t n, Cluster *clusters) noexcept nogil:
-    """Cut the Morton-sorted leaves into clusters of at most CLUSTER_SIZE, splitting top down at the
-    highest code bit that differs (a linear BVH's splits); returns how many. A larger run of one
-    code becomes single-leaf clusters: grouping inside one cell would be arbitrary."""
+cdef int64_t code_split(const uint64_t *keys, int64_t s, int64_t e) noexcept nogil:
+    """Where [s, e) splits at the highest code bit that differs (a linear BVH's split): the first
+    key with that bit set; -1 when the range is a cluster already (small, or all one code)."""
+    cdef uint64_t first = keys[s] >> 32, last = keys[e - 1] >> 32, bit
+    cdef int64_t lo = s + 1, hi = e - 1, mid
+    if e - s <= CLUSTER_SIZE or first == last:
+        return -1
+    bit = first ^ last
+    while bit & (bit - 1):
+        bit &= bit - 1
+    while lo < hi:                  # the first key with `bit` set lies in (s, e - 1]
+        mid = (lo + hi) >> 1
+        if (keys[mid] >> 32) & bit:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+cdef int64_t clusters_of(const uint64_t *keys, int64_t start, int64_t end, Cluster *clusters) noexcept nogil:
+    """Cut the Morton-sorted leaves [start, end) into clusters of at most CLUSTER_SIZE, splitting top
+    down by code_split(); returns how many. A larger run of one code becomes single-leaf clusters:
+    grouping inside one cell would be arbitrary."""
     cdef int64_t starts[64]         # each split lengthens the shared code prefix, so depth <= 30
     cdef int64_t ends[64]
-    cdef int64_t depth = 1, count = 0, s, e, lo, hi, mid, i
-    cdef uint64_t first, last, bit
-    starts[0] = 0
-    ends[0] = n
+    cdef int64_t depth = 1, count = 0, s, e, lo, i
+    starts[0] = start
+    ends[0] = end
     while depth:
         depth -= 1
         s = starts[depth]
         e = ends[depth]
-        first = keys[s] >> 32
-        last = keys[e - 1] >> 32
-        if e - s <= CLUSTER_SIZE:
+        lo = code_split(keys, s, e)
+        if lo < 0 and e - s <= CLUSTER_SIZE:
             clusters[count].start = s
             clusters[count].count = e - s
             count += 1
             continue
-        if first == last:
+        if lo < 0:
             for i in range(s, e):
                 clusters[count].start = i
                 clusters[count].count = 1
                 count += 1
             continue
-        bit = first ^ last
-        while bit & (bit - 1):
-            bit &= bit - 1
-        lo = s + 1              # the first key with `bit` set lies in (s, e - 1]
-        hi = e - 1
-        while lo < hi:
-            mid = (lo + hi) >> 1
-            if (keys[mid] >> 32) & bit:
-                hi = mid
-            else:
-                lo = mid + 1
         starts[depth] = lo
         ends[depth] = e
         starts[depth + 1] = s
         ends[depth + 1] = lo
         depth += 2
     return count
+
+
+ctypedef struct ClusterRuns:        # the leaves cut at the top splits into runs the threads take in turn
+    const uint64_t *keys
+    Cluster *clusters
+    int64_t starts[MAX_SUBTREES + 1]
+    int64_t counts[MAX_SUBTREES]    # each run's clusters, written from clusters[its start] on
+    int runs
+    dbvt_counter next
+
+
+cdef void clusters_part(void *context, int part) noexcept nogil:
+    cdef ClusterRuns *c = <ClusterRuns *>context
+    cdef int run = counter_take(&c.next)
+    while run < c.runs:
+        c.counts[run] = clusters_of(c.keys, c.starts[run], c.starts[run + 1], c.clusters + c.starts[run])
+        run = counter_take(&c.next)
+
+
+cdef int64_t form_clusters(const uint64_t *keys, int64_t n, Cluster *clusters, int threads) noexcept nogil:
+    """clusters_of() all n leaves, on threads: the top splits cut them into runs whose clusters,
+    put one after another in order, are the clusters of one walk. A run has no more clusters than
+    leaves, so each writes from its own start, and the runs close up after."""
+    cdef ClusterRuns c
+    cdef int64_t total = 0, split, widest
+    cdef int run, wanted = min(SUBTREES_PER_THREAD * threads, MAX_SUBTREES), i
+    if threads <= 1 or n < PARALLEL_BUILD_FROM:
+        return clusters_of(keys, 0, n, clusters)
+    c.keys, c.clusters, c.runs = keys, clusters, 1
+    c.starts[0], c.starts[1] = 0, n
+    # Stage 1: split the widest run that splits, until there are enough.
+    while c.runs < wanted:
+        widest, split = -1, -1
+        for run in range(c.runs):
+            if widest < 0 or c.starts[run + 1] - c.starts[run] > c.starts[widest + 1] - c.starts[widest]:
+                if code_split(keys, c.starts[run], c.starts[run + 1]) >= 0:
+                    widest = run
+        if widest < 0:
+            break
+        split = code_split(keys, c.starts[widest], c.starts[widest + 1])
+        for i in range(c.runs, widest, -1):
+            c.starts[i + 1] = c.starts[i]
+        c.starts[widest + 1] = split
+        c.runs += 1
+    # Stage 2: the runs on the threads; then their clusters closed up, in order.
+    counter_set(&c.next, 0)
+    run_parts(clusters_part, &c, min(threads, c.runs))
+    for run in range(c.runs):
+        if total != c.starts[run]:
+            memmove(clusters + total, clusters + c.starts[run], c.counts[run] * sizeof(Cluster))
+        total += c.counts[run]
+    return total
 
 
 cdef void free_nodes_from(TreeCore *t, int32_t first) noexcept nogil:
@@ -672,11 +784,11 @@ cdef int build_from_items(TreeCore *t, const BuildItem *items, int64_t n, const 
     if keys != NULL and scratch != NULL and leaves != NULL and tops != NULL and clusters != NULL and tasks != NULL:
         status = 0
         # Stage 1: the leaves in Morton order, cut into clusters.
-        bound_range(items, 0, n, &all)
+        bound_all(items, n, &all, threads)
         order = morton_sort(items, n, &all, keys, scratch, threads)
         loop.items, loop.order, loop.out = items, order, leaves
         spread(&loop, gathered_leaves, n, threads)
-        k = form_clusters(order, n, clusters)
+        k = form_clusters(order, n, clusters, threads)
         # Stage 2: one item per cluster for the binned SAH.
         loop.items, loop.clusters, loop.out = leaves, clusters, tops
         spread(&loop, cluster_items, k, threads)
@@ -758,8 +870,5 @@ cdef int core_bulk_insert(TreeCore *t, const uint64_t *ids, const float *rows, i
         t.free_proxy = <int32_t>i
         i -= 1
     t.proxy_count = <int32_t>n
-    for i in range(n):
-        if i + PREFETCH_AHEAD < n:
-            prefetch(&t.slots[mix64(t.proxies[i + PREFETCH_AHEAD].id) & t.slot_mask])
-        slot_insert(t, <int32_t>i)
+    fill_slots(t, n, ids, row_proxies, threads)
     return 0

@@ -236,7 +236,8 @@ cdef int32_t core_add(TreeCore *t, uint64_t id, const float *tight) noexcept nog
 cdef void core_remove(TreeCore *t, int32_t proxy) noexcept nogil
 cdef bint core_move(TreeCore *t, int32_t proxy, const float *tight, float prediction) noexcept nogil
 cdef void core_place(TreeCore *t, int32_t proxy, const float *tight, const float *fat) noexcept nogil
-cdef void slot_insert(TreeCore *t, int32_t proxy) noexcept nogil
+cdef void fill_slots(TreeCore *t, int64_t scan, const uint64_t *ids, const int32_t *row_proxies,
+                     int threads) noexcept nogil
 cdef int grow_nodes(TreeCore *t, int64_t capacity, int threads) noexcept nogil
 cdef void insert_leaf(TreeCore *t, int32_t proxy, int32_t start) noexcept nogil
 cdef void core_set_sensor(TreeCore *t, int32_t proxy, uint32_t flag) noexcept nogil

@@ -443,3 +443,74 @@ def test_a_server_with_threads_per_world_steps_as_one_thread():
                 assert len(results[0].begun) + len(results[0].ended) > 0
     finally:
         server.stop()
+
+
+def _unmix(mixed: int) -> int:
+    """The id whose splitmix64 finaliser (the id table's hash, _core.pxd's mix64) is `mixed`."""
+    def unshift(y: int, s: int) -> int:
+        x = y
+        for _ in range(64 // s + 1):
+            x = y ^ (x >> s)
+        return x
+    y = unshift(mixed, 31)
+    y = y * pow(0x94D049BB133111EB, -1, 2**64) % 2**64
+    y = unshift(y, 27)
+    y = y * pow(0xBF58476D1CE4E5B9, -1, 2**64) % 2**64
+    return unshift(y, 30)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_the_id_table_filled_by_regions_finds_every_proxy(threads):
+    """A bulk build fills the id table region by region (65,536 slots each), leaving the probes that
+    run past a region's end for a last pass: ids made to crowd a region's last slot and the table's
+    last slot (whose probes wrap to slot 0) are found, removed and found again like any other."""
+    n, table = 100_000, 262_144                  # the table holds at least twice the proxies
+    rng = np.random.default_rng(21)
+    crowded = [_unmix((int(rng.integers(1, 2**40)) << 18) | home)
+               for home in [65_535] * 40 + [65_530] * 10 + [table - 1] * 40 + [table - 3] * 10]
+    others = np.setdiff1d(rng.choice(2**40, n, replace=False).astype(np.uint64), np.array(crowded, np.uint64))
+    ids = np.unique(np.concatenate([np.array(crowded, np.uint64), others[: n - len(crowded)]]))
+    assert len(ids) == n
+    boxes = np.hstack([rng.uniform(0, 1000, (len(ids), 3)), np.zeros((len(ids), 3))]).astype(np.float32)
+    boxes[:, 3:] = boxes[:, :3] + 1
+    tree = dbvt.Tree(threads=threads)
+    tree.insert(ids, boxes)
+    tree.validate()
+    assert all(i in tree for i in crowded)
+    assert np.array_equal(tree.get(ids), boxes)
+    tree.remove(np.array(crowded[::2], np.uint64))
+    tree.validate()
+    assert np.array_equal(tree.get(np.array(crowded[1::2], np.uint64)), boxes[np.searchsorted(ids, crowded[1::2])])
+    assert not any(i in tree for i in crowded[::2])
+    loaded = dbvt.Tree.from_bytes(tree.to_bytes(), threads=threads)   # a load fills its table by regions too
+    loaded.validate()
+    assert all(i in loaded for i in crowded[1::2]) and len(loaded) == len(ids) - len(crowded[::2])
+
+
+@pytest.mark.parametrize("make", [dbvt.Tree, dbvt.Broadphase])
+def test_a_large_batch_names_its_first_bad_box_on_threads_as_one_thread(make):
+    """From 262,144 rows the boxes are checked on the threads: a NaN anywhere is named before an
+    inverted row anywhere, the first of each kind, and nothing is added."""
+    n = 300_000
+    rng = np.random.default_rng(22)
+    low = rng.uniform(0, 1000, (n, 3))
+    boxes = np.hstack([low, low + 1]).astype(np.float32)
+    ids = np.arange(1, n + 1, dtype=np.uint64)
+    bad = boxes.copy()
+    bad[[10, 200_000], 1] = 2000.0                          # min > max on axis 1
+    bad[[290_000, 299_999], 5] = np.nan
+    for threads in (1, 2, 3):
+        structure = make(threads=threads)
+        add = structure.insert if make is dbvt.Tree else structure.create
+        with pytest.raises(ValueError, match=r"boxes row 290000: NaN or infinite"):
+            add(ids, bad)
+        without_nan = bad.copy()
+        without_nan[[290_000, 299_999], 5] = boxes[[290_000, 299_999], 5]
+        with pytest.raises(ValueError, match=r"boxes row 10: min > max on axis 1"):
+            add(ids, without_nan)
+        without_nan[10] = boxes[10]
+        with pytest.raises(ValueError, match=r"boxes row 200000: min > max on axis 1"):
+            add(ids, without_nan)
+        assert len(structure) == 0
+        add(ids, boxes)
+        assert len(structure) == n
