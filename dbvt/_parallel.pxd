@@ -1,5 +1,6 @@
 # A fork-join on POSIX threads, for cutting one call's work into parts. No OpenMP: the wheels and the
 # container image would then need its runtime.
+from libc.stdint cimport uint32_t
 
 # One part of the work: it must touch no Python object, and may not fail (it keeps its own status).
 ctypedef void (*PartTask)(void *context, int part) noexcept nogil
@@ -12,6 +13,7 @@ cdef void run_parts(PartTask task, void *context, int parts) noexcept nogil
 cdef extern from *:
     """
     #include <stdatomic.h>
+    #include <stdint.h>
     typedef atomic_int dbvt_counter;
     static inline int dbvt_counter_take(dbvt_counter *c) {
         return atomic_fetch_add_explicit(c, 1, memory_order_relaxed);
@@ -20,8 +22,13 @@ cdef extern from *:
     static inline void dbvt_counter_set(dbvt_counter *c, int value) {
         atomic_store_explicit(c, value, memory_order_relaxed);
     }
+    /* Set bits of a plain word that other threads may set too; returns the word before. */
+    static inline uint32_t dbvt_fetch_or(uint32_t *word, uint32_t bits) {
+        return __atomic_fetch_or(word, bits, __ATOMIC_RELAXED);
+    }
     """
     ctypedef int dbvt_counter
     int counter_take "dbvt_counter_take"(dbvt_counter *c) noexcept nogil
     int counter_get "dbvt_counter_get"(dbvt_counter *c) noexcept nogil
     void counter_set "dbvt_counter_set"(dbvt_counter *c, int value) noexcept nogil
+    uint32_t fetch_or "dbvt_fetch_or"(uint32_t *word, uint32_t bits) noexcept nogil

@@ -27,7 +27,7 @@ from dbvt._core cimport (
 )
 from dbvt._build cimport core_bulk_insert, core_rebuild
 from dbvt._check cimport core_area_ratio, core_check, core_height, core_memory
-from dbvt._parallel cimport run_parts
+from dbvt._parallel cimport counter_get, counter_set, dbvt_counter, fetch_or, run_parts
 from dbvt._wide cimport wide_refresh, wide_worth
 
 cdef extern from *:
@@ -149,6 +149,60 @@ def spatial_order(const float[:, ::1] boxes, int dims):
     return np.argsort(codes)
 
 
+# Looking up a batch's ids on threads, a run of rows each. Each row claims its proxy with an atomic OR
+# of PROXY_SEEN; an absent id, or a proxy claimed already, fails the lookup. Once all parts are done
+# (not before: a later claim of the same proxy must still see the flag) the claims are cleared on the
+# threads, and a failed lookup runs again on one thread, which names the first bad row.
+cdef enum:
+    FIND_ON_THREADS_FROM = 65536
+
+ctypedef struct Lookup:
+    TreeCore *t
+    const uint64_t *ids
+    int32_t *out
+    int64_t n
+    int parts
+    int64_t *claimed                # [part]: the end of its run of claimed rows
+    dbvt_counter failed             # nonzero once a part found a bad row
+
+
+cdef void lookup_part(void *context, int part) noexcept nogil:
+    cdef Lookup *look = <Lookup *>context
+    cdef int64_t i = look.n * part // look.parts, last = look.n * (part + 1) // look.parts
+    cdef int32_t proxy
+    while i < last:
+        if i + 2 * PREFETCH_AHEAD < last:
+            core_prefetch_find(look.t, look.ids[i + 2 * PREFETCH_AHEAD], False)
+        if i + PREFETCH_AHEAD < last:
+            core_prefetch_find(look.t, look.ids[i + PREFETCH_AHEAD], True)
+        proxy = core_find(look.t, look.ids[i])
+        if proxy < 0 or fetch_or(&look.t.proxies[proxy].flags, PROXY_SEEN) & PROXY_SEEN:
+            counter_set(&look.failed, 1)
+            break
+        look.out[i] = proxy
+        i += 1
+    look.claimed[part] = i
+
+
+cdef void unclaim_part(void *context, int part) noexcept nogil:
+    cdef Lookup *look = <Lookup *>context
+    cdef int64_t i
+    for i in range(look.n * part // look.parts, look.claimed[part]):
+        look.t.proxies[look.out[i]].flags &= ~PROXY_SEEN
+
+
+cdef int lookup_on_threads(Lookup *look) noexcept nogil:
+    """1 when every id was found once (the proxies in look.out), 0 when a row is bad, -1 for memory."""
+    look.claimed = <int64_t *>malloc(look.parts * sizeof(int64_t))
+    if look.claimed == NULL:
+        return -1
+    counter_set(&look.failed, 0)
+    run_parts(lookup_part, look, look.parts)
+    run_parts(unclaim_part, look, look.parts)
+    free(look.claimed)
+    return 0 if counter_get(&look.failed) else 1
+
+
 # Checking a batch's new ids. On threads, each part takes the ids whose hash picks it (an id and its
 # repeats pick the same part), with its own set, in row order, and the first bad row of all the parts
 # is the one a single pass in row order would find. 1M ids: about 20 ms on one thread.
@@ -258,8 +312,18 @@ cdef class TreeBase:
         cdef Py_ssize_t n = id_view.shape[0], i, seen = 0, bad = -1
         cdef bint duplicate = False
         cdef int32_t proxy
+        cdef Lookup look
         proxies = np.empty(n, np.int32)
         cdef int32_t[::1] out = proxies
+        cdef int found
+        if self.threads > 1 and n >= FIND_ON_THREADS_FROM:
+            look.t, look.ids, look.out, look.n, look.parts = &self.core, &id_view[0], &out[0], n, self.threads
+            with nogil:
+                found = lookup_on_threads(&look)
+            if found < 0:
+                raise MemoryError()
+            if found:
+                return proxies
         with nogil:
             for i in range(n):
                 if i + 2 * PREFETCH_AHEAD < n:

@@ -514,3 +514,35 @@ def test_a_large_batch_names_its_first_bad_box_on_threads_as_one_thread(make):
         assert len(structure) == 0
         add(ids, boxes)
         assert len(structure) == n
+
+
+@pytest.mark.parametrize("make", [dbvt.Tree, dbvt.Broadphase])
+def test_large_batches_look_up_their_ids_on_threads_as_one_thread(make):
+    """From 65,536 rows a batch's ids are looked up on the threads: an unknown or repeated id is named
+    at the first bad row, the structure unchanged, and a good batch moves and removes as on one."""
+    n = 80_000
+    world = W1World(n, 3, seed=23)
+    rng = np.random.default_rng(23)
+    moved = world.boxes + rng.uniform(-2, 2, (n, 1)).astype(np.float32)
+    built = {}
+    for threads in (1, 2, 3):
+        structure = make(threads=threads)
+        (structure.insert if make is dbvt.Tree else structure.create)(world.ids, world.boxes)
+        move = structure.update if make is dbvt.Tree else structure.move
+        before = structure.to_bytes()
+        ids = world.ids.copy()
+        ids[[70_000, 79_000]] = ids[[10, 40_000]]            # rows 70,000 and 79,000 repeat earlier ones
+        with pytest.raises(ValueError, match="row 70000: id .* appears twice"):
+            move(ids, moved)
+        ids[50_000] = 2**63                                  # and row 50,000 is unknown
+        with pytest.raises(KeyError, match="row 50000: unknown id"):
+            move(ids, moved)
+        with pytest.raises(KeyError, match="row 50000: unknown id"):
+            structure.remove(ids) if make is dbvt.Tree else structure.destroy(ids)
+        assert structure.to_bytes() == before
+        move(world.ids[::-1].copy(), moved[::-1].copy())
+        structure.validate()
+        structure.remove(world.ids[::2]) if make is dbvt.Tree else structure.destroy(world.ids[::2])
+        structure.validate()
+        built[threads] = structure.to_bytes()
+    assert built[2] == built[1] and built[3] == built[1]
