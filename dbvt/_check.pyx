@@ -10,7 +10,7 @@ from libc.stdlib cimport free, malloc
 
 from dbvt._core cimport (
     NULL_REF, PROXY_LIVE, PROXY_SENSOR, Node, Proxy, Quad, TreeCore, box_contains, box_cost, core_find, ref_box, ref_height,
-    ref_parent,
+    ref_parent, union_box,
 )
 
 
@@ -115,6 +115,10 @@ cdef const char *core_check(const TreeCore *t, bint sensors_apart) noexcept nogi
                 break
             stack[top] = child
             top += 1
+        if problem == NULL:
+            union_box(box, ref_box(t, node.child[0]), ref_box(t, node.child[1]))
+            if not box_contains(box, node.box):
+                problem = b"a node box is larger than its children's"
         if problem == NULL and t.heights[ref] != 1 + max(ref_height(t, node.child[0]), ref_height(t, node.child[1])):
             problem = b"a node height is wrong"
         if problem == NULL and t.costs[ref] != box_cost(node.box, t.dims == 2):
