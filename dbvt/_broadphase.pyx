@@ -15,7 +15,7 @@ partners whose budget, set at their last test, the two sides' drifts since may h
 """
 from libc.float cimport FLT_MAX
 from libc.math cimport INFINITY, nextafter, nextafterf
-from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcpy, memmove, memset
 
@@ -28,10 +28,11 @@ from dbvt import validation
 
 from dbvt._batch cimport pairs_free, pairs_push, rows_push, self_pairs, sort_int32, sort_pairs
 from dbvt._core cimport (
-    PREDICTION_STEPS, PREFETCH_AHEAD, PROXY_LIVE, PROXY_MOVED, PROXY_REFAT, PROXY_SEEN, PROXY_SENSOR,
+    NEWLY_MOVED, PREDICTION_STEPS, PREFETCH_AHEAD, PROXY_LIVE, PROXY_MOVED, PROXY_REFAT, PROXY_SEEN, PROXY_SENSOR,
     PROXY_SENSOR_BOX, PROXY_SENSOR_SPHERE, PROXY_STATIC, QUERY_FAT_BOX, Hits, IdPair, PairBuffer, Proxy, Query, Stack,
-    TreeCore, box_contains, boxes_overlap, clamp_finite, core_move, core_place, core_remove, core_reserve,
-    core_set_sensor, hits_free, hits_push, listed_allowed, load_box, pair_allowed, prefetch, stack_free, walk,
+    TreeCore, box_contains, boxes_overlap, clamp_finite, core_move, core_move_split, core_place, core_remove,
+    core_reserve, core_set_sensor, hits_free, hits_push, listed_allowed, load_box, pair_allowed, prefetch, stack_free,
+    walk,
 )
 from dbvt._finding cimport (
     FIND_ON_THREADS_FROM, UNCHANGED, Finder, Found, Retest, Retests, find_all, find_partners, found_free, reach_allows,
@@ -60,6 +61,9 @@ cdef enum:
     SENSOR_PREDICTION_STEPS = 8
     FAT_LIMIT = 2                   # a status: update(max_fat_pairs=...) stopped at its limit
     FRESH_FAT = PROXY_LIVE | PROXY_REFAT    # a live proxy whose partners stage 1 must find
+    # A batch of this many moves (and no sensors in the world) edits the tree's subtrees on the
+    # threads (core_move_split); with one thread it takes the same steps, so the tree is the same.
+    MOVES_SPLIT_FROM = 65536
 
 
 cdef object _pair_copy(const PairBuffer *buffer):
@@ -514,11 +518,31 @@ cdef class Broadphase(TreeBase):
         cdef int32_t dims = self.core.dims
         cdef float[:, ::1] before = None
         cdef bint keep = previous is not None
+        cdef uint8_t[::1] refats
+        cdef int split = -1
         if keep:
             before = previous
             if before.shape[0] != n or before.shape[1] != 2 * dims:
                 raise ValueError(f"previous must be ({n}, {2 * dims}) float32, got {np.shape(previous)}")
         self._reserve(0, n)
+        if self.sensor_count == 0 and n >= MOVES_SPLIT_FROM:
+            refat_arr = np.empty(n, np.uint8)
+            refats = refat_arr
+            with nogil:
+                split = core_move_split(&self.core, &proxies[0], &order[0], &rows[0, 0],
+                                        &before[0, 0] if keep else NULL, &refats[0], self.track_pairs, n,
+                                        PREDICTION_STEPS, self.threads)
+                if split == 0:
+                    # The proxies are marked already (see _mark_moved); what is left is the list.
+                    for i in range(n):
+                        row = order[i]
+                        refattened += refats[row] & 1
+                        if refats[row] & NEWLY_MOVED:
+                            self.moved[self.moved_count] = proxies[row]
+                            self.moved_count += 1
+            if split == 0:
+                self._after_change()
+                return refattened
         if self.sensor_count and index_note_room(&self.sensor_index, n) != 0:
             raise MemoryError()
         with nogil:

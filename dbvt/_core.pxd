@@ -5,7 +5,7 @@
 # caller raises MemoryError after leaving nogil); `void` functions cannot fail. No function here
 # touches Python objects.
 from libc.float cimport FLT_MAX
-from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport realloc
 from libc.string cimport memcpy
 
@@ -236,6 +236,11 @@ cdef int32_t core_add(TreeCore *t, uint64_t id, const float *tight) noexcept nog
 cdef void core_remove(TreeCore *t, int32_t proxy) noexcept nogil
 cdef bint core_move(TreeCore *t, int32_t proxy, const float *tight, float prediction) noexcept nogil
 cdef void core_place(TreeCore *t, int32_t proxy, const float *tight, const float *fat) noexcept nogil
+cdef enum:
+    NEWLY_MOVED = 2                 # core_move_split's mark: the proxy had no PROXY_MOVED before
+cdef int core_move_split(TreeCore *t, const int32_t *proxies, const int64_t *order, const float *rows,
+                         float *before, uint8_t *refat, bint mark_moved, int64_t n, float prediction,
+                         int threads) noexcept nogil
 cdef void fill_slots(TreeCore *t, int64_t scan, const uint64_t *ids, const int32_t *row_proxies,
                      int threads) noexcept nogil
 cdef int grow_nodes(TreeCore *t, int64_t capacity, int threads) noexcept nogil

@@ -659,22 +659,26 @@ cdef void join_subtree(TreeCore *t, int32_t leaf, bint sensor) noexcept nogil:
 cdef void insert_leaf(TreeCore *t, int32_t proxy, int32_t start) noexcept nogil:
     """Insert a leaf below `start` (the root, or a node of its kind's subtree whose box already holds
     the leaf's)."""
-    cdef int32_t leaf = ~proxy
-    cdef int32_t sibling, old_parent, parent, index
-    cdef float *fat = t.proxies[proxy].fat
     cdef bint sensor = (t.proxies[proxy].flags & PROXY_SENSOR) != 0
     cdef int32_t top = subtree_root(t, sensor)
     wide_stale(t)
     if top == NULL_REF:
-        join_subtree(t, leaf, sensor)
+        join_subtree(t, ~proxy, sensor)
         return
-    if start == t.root:
-        start = top
+    attach_leaf(t, proxy, top if start == t.root else start, alloc_node(t), NULL)
+
+
+cdef void attach_leaf(TreeCore *t, int32_t proxy, int32_t start, int32_t parent, const uint8_t *ceilings) noexcept nogil:
+    """Insert a leaf below `start`, a node whose box holds the leaf's, with `parent` (a free node) as
+    its new parent. Refits and rotations climb no higher than the first node `ceilings` marks (with
+    NULL, up to the root)."""
+    cdef int32_t leaf = ~proxy
+    cdef int32_t sibling, old_parent, index
+    cdef float *fat = t.proxies[proxy].fat
     # Stage 1: where the new leaf costs least.
     sibling = find_best_sibling(t, fat, start)
-    # Stage 2: a new parent joins the sibling and the leaf.
+    # Stage 2: the new parent joins the sibling and the leaf.
     old_parent = ref_parent(t, sibling)
-    parent = alloc_node(t)
     union_box(t.nodes[parent].box, fat, ref_box(t, sibling))
     t.costs[parent] = box_cost(t.nodes[parent].box, t.dims == 2)
     t.nodes[parent].child[0] = sibling
@@ -692,10 +696,21 @@ cdef void insert_leaf(TreeCore *t, int32_t proxy, int32_t start) noexcept nogil:
     while index != NULL_REF and refit(t, index):
         if not is_join(t, index):
             rotate(t, index)
+        if ceilings != NULL and ceilings[index]:
+            break
         index = t.parents[index]
 
 
 cdef void remove_leaf(TreeCore *t, int32_t proxy) noexcept nogil:
+    cdef int32_t parent = detach_leaf(t, proxy, NULL)
+    if parent != NULL_REF:
+        free_node(t, parent)
+
+
+cdef int32_t detach_leaf(TreeCore *t, int32_t proxy, const uint8_t *ceilings) noexcept nogil:
+    """Take a leaf out of the tree; returns its parent node, now unused (the caller frees or reuses
+    it), or NULL_REF when the leaf was the root. Refits climb no higher than the first node
+    `ceilings` marks (with NULL, up to the root)."""
     cdef int32_t leaf = ~proxy
     cdef int32_t parent = t.proxies[proxy].parent
     cdef int32_t grand, sibling, index
@@ -705,7 +720,7 @@ cdef void remove_leaf(TreeCore *t, int32_t proxy) noexcept nogil:
         t.root = NULL_REF
         if t.sensor_root == leaf:
             t.sensor_root = NULL_REF
-        return
+        return NULL_REF
     grand = t.parents[parent]
     sibling = t.nodes[parent].child[0] if t.nodes[parent].child[1] == leaf else t.nodes[parent].child[1]
     replace_child(t, grand, parent, sibling)
@@ -713,11 +728,13 @@ cdef void remove_leaf(TreeCore *t, int32_t proxy) noexcept nogil:
         t.sensor_root = sibling
     elif t.sensor_root == leaf:
         t.sensor_root = NULL_REF        # the last sensor: the join above it went with it
-    free_node(t, parent)
     # Ancestors only shrink; once one is unchanged, so is everything above it.
     index = grand
     while index != NULL_REF and refit(t, index):
+        if ceilings != NULL and ceilings[index]:
+            break
         index = t.parents[index]
+    return parent
 
 
 cdef int32_t core_add(TreeCore *t, uint64_t id, const float *tight) noexcept nogil:
@@ -748,14 +765,23 @@ cdef void core_remove(TreeCore *t, int32_t proxy) noexcept nogil:
 cdef bint core_move(TreeCore *t, int32_t proxy, const float *tight, float prediction) noexcept nogil:
     """Give a proxy a new tight box; True when it left its fat box and got a new one (kept in place
     when a near ancestor holds that, else reinserted), covering `prediction` more such moves."""
-    cdef Proxy *p = &t.proxies[proxy]
-    cdef float shift, limit
     cdef float fat[6]
-    cdef int i
     wide_stale(t)
-    if box_contains(p.fat, tight):
-        memcpy(p.tight, tight, 6 * sizeof(float))
+    if box_contains(t.proxies[proxy].fat, tight):
+        memcpy(t.proxies[proxy].tight, tight, 6 * sizeof(float))
         return False
+    moved_fat(t, proxy, tight, prediction, fat)
+    core_place(t, proxy, tight, fat)
+    return True
+
+
+cdef void moved_fat(const TreeCore *t, int32_t proxy, const float *tight, float prediction,
+                    float *fat) noexcept nogil:
+    """The fat box of a proxy that left its own for `tight`: the tight box grown by the margin and
+    by `prediction` more moves like this one."""
+    cdef const Proxy *p = &t.proxies[proxy]
+    cdef float shift, limit
+    cdef int i
     fatten(t, tight, fat)
     for i in range(t.dims):
         # Predict the next move from this one, but never by more than the box's own size: a
@@ -770,8 +796,6 @@ cdef bint core_move(TreeCore *t, int32_t proxy, const float *tight, float predic
             fat[i] = clamp_finite(fat[i] + shift)
         else:
             fat[i + 3] = clamp_finite(fat[i + 3] + shift)
-    core_place(t, proxy, tight, fat)
-    return True
 
 
 cdef void core_place(TreeCore *t, int32_t proxy, const float *tight, const float *fat) noexcept nogil:
@@ -800,6 +824,267 @@ cdef void core_place(TreeCore *t, int32_t proxy, const float *tight, const float
     memcpy(p.tight, tight, 6 * sizeof(float))
     memcpy(p.fat, fat, 6 * sizeof(float))
     insert_leaf(t, proxy, start if start != NULL_REF else t.root)
+
+
+# ---------------------------------------------------------------------------------------------
+# A large batch of moves on threads. The tree is cut at its nodes SPLIT_DEPTH levels down (up to 32
+# subtrees). A move whose edit stays inside its leaf's subtree (the lowest ancestor that holds the
+# new fat box lies inside it; refits and rotations stop at the subtree's root) is made with the other
+# moves of that subtree, in the batch's order, while other threads edit other subtrees. The nodes
+# above the subtrees are refitted after, and the moves that need more are made last, one by one, in
+# the batch's order. A subtree's edits read and write nothing outside it, and a move's freed node
+# goes straight back to its own reinsertion (as the free list would have given it back), so the tree
+# comes out the same whatever the threads; one thread takes the rows in the batch's order, each kept
+# inside its subtree, which makes the same tree without sorting the rows by subtree first.
+cdef enum:
+    SPLIT_DEPTH = 5
+    MAX_SPLITS = 1 << SPLIT_DEPTH
+    NO_SPLIT = 255                  # a row whose leaf is not below a subtree's root; a node above them
+    LABEL_GROUP = 16
+    LATER = 1                       # deferred: a row visited once, whose edit waits for the last pass
+    UNVISITED = 2                   # deferred: a row the threads left alone (its leaf is above the subtrees)
+
+ctypedef struct SplitMoves:
+    TreeCore *t
+    const int32_t *proxies          # per row
+    const int64_t *order            # the rows in the batch's order
+    const float *rows               # per row, the new tight box as a user row (2 * dims floats)
+    float *before                   # NULL, or per row the tight box it had, as a user row
+    uint8_t *refat                  # per row: 1 if it left its fat box, | NEWLY_MOVED (with mark_moved)
+    bint mark_moved                 # a broadphase's: set PROXY_MOVED and PROXY_REFAT on the proxies
+    uint8_t *deferred               # per row: 0, or LATER or UNVISITED for the last pass
+    float prediction
+    int64_t n
+    int parts
+    int splits
+    uint8_t *marks                  # per node: 1 + the index of the subtree it is the root of, NO_SPLIT
+                                    # for a node above the subtrees, else 0
+    uint8_t *labels                 # per position in `order`: its row's subtree, or NO_SPLIT
+    int64_t *counts                 # [part * MAX_SPLITS + split]: positions, then where they go
+    int64_t starts[MAX_SPLITS + 1]
+    int64_t *dealt                  # positions by subtree, in the batch's order inside each
+    dbvt_counter next
+
+
+cdef bint place_below(TreeCore *t, int32_t proxy, const float *tight, const float *fat,
+                      const uint8_t *marks) noexcept nogil:
+    """core_place() touching nothing above the root of the leaf's subtree (the first node `marks`
+    names a subtree's on the way up); False, with nothing changed, when the edit would reach above
+    it, or the leaf hangs from a node above the subtrees."""
+    cdef Proxy *p = &t.proxies[proxy]
+    cdef int32_t start = p.parent, levels = 1, freed
+    if start == NULL_REF:
+        return False
+    while True:
+        if marks[start] == NO_SPLIT:
+            return False
+        if box_contains(t.nodes[start].box, fat):
+            break
+        if marks[start]:
+            return False
+        start = t.parents[start]
+        levels += 1
+    if levels <= ENLARGE_LEVELS:
+        memcpy(p.tight, tight, 6 * sizeof(float))
+        memcpy(p.fat, fat, 6 * sizeof(float))
+        start = p.parent
+        while refit(t, start) and not marks[start]:
+            start = t.parents[start]
+        return True
+    if marks[start]:
+        return False                # the leaf could be paired with the subtree's root itself, above it
+    freed = detach_leaf(t, proxy, marks)
+    memcpy(p.tight, tight, 6 * sizeof(float))
+    memcpy(p.fat, fat, 6 * sizeof(float))
+    attach_leaf(t, proxy, start, freed, marks)
+    return True
+
+
+cdef void label_part(void *context, int part) noexcept nogil:
+    """Each position's subtree (the first marked node above its leaf), counted a run of positions a
+    part. The climbs' steps are cache misses, one after another in each, so LABEL_GROUP positions
+    climb side by side, a level a round, each fetching its next node while the others take their
+    turn."""
+    cdef SplitMoves *m = <SplitMoves *>context
+    cdef const TreeCore *t = m.t
+    cdef int64_t base = m.n * part // m.parts, last = m.n * (part + 1) // m.parts
+    cdef int32_t at[LABEL_GROUP]
+    cdef uint8_t mark[LABEL_GROUP]
+    cdef int count, j, climbing
+    cdef uint8_t label
+    while base < last:
+        count = <int>min(<int64_t>LABEL_GROUP, last - base)
+        for j in range(count):
+            if base + LABEL_GROUP + j < last:
+                prefetch(&t.proxies[m.proxies[m.order[base + LABEL_GROUP + j]]])
+            at[j] = t.proxies[m.proxies[m.order[base + j]]].parent
+            mark[j] = 0
+            if at[j] != NULL_REF:
+                prefetch(&m.marks[at[j]])
+                prefetch(&t.parents[at[j]])
+        climbing = count
+        while climbing:
+            climbing = 0
+            for j in range(count):
+                if at[j] == NULL_REF:
+                    continue
+                mark[j] = m.marks[at[j]]
+                if mark[j]:
+                    at[j] = NULL_REF
+                    continue
+                at[j] = t.parents[at[j]]
+                if at[j] != NULL_REF:
+                    prefetch(&m.marks[at[j]])
+                    prefetch(&t.parents[at[j]])
+                    climbing += 1
+        for j in range(count):
+            label = NO_SPLIT if mark[j] == 0 or mark[j] == NO_SPLIT else mark[j] - 1
+            if label != NO_SPLIT:
+                m.counts[part * MAX_SPLITS + label] += 1
+            m.labels[base + j] = label
+        base += count
+
+
+cdef void deal_moves_part(void *context, int part) noexcept nogil:
+    cdef SplitMoves *m = <SplitMoves *>context
+    cdef int64_t i, first = m.n * part // m.parts, last = m.n * (part + 1) // m.parts
+    cdef int64_t *at = m.counts + part * MAX_SPLITS
+    for i in range(first, last):
+        if m.labels[i] != NO_SPLIT:
+            m.dealt[at[m.labels[i]]] = i
+            at[m.labels[i]] += 1
+
+
+cdef bint move_row(SplitMoves *m, int64_t row, bint below, bint first) noexcept nogil:
+    """One row's move: inside its subtree (False when it must wait for the last pass), or anywhere.
+    On its `first` visit it keeps the row's old tight box and, for a broadphase, marks the proxy."""
+    cdef TreeCore *t = m.t
+    cdef int32_t proxy = m.proxies[row], dims = t.dims
+    cdef Proxy *p = &t.proxies[proxy]
+    cdef float tight[6]
+    cdef float fat[6]
+    cdef bint refat
+    load_box(m.rows + 2 * dims * row, dims, tight)
+    refat = not box_contains(p.fat, tight)
+    if first:
+        if m.before != NULL:
+            store_box(p.tight, dims, m.before + 2 * dims * row)
+        m.refat[row] = refat
+        if m.mark_moved:
+            m.refat[row] |= 0 if p.flags & PROXY_MOVED else NEWLY_MOVED
+            p.flags |= PROXY_MOVED | (PROXY_REFAT if refat else 0)
+    if not refat:
+        memcpy(p.tight, tight, 6 * sizeof(float))
+        return True
+    moved_fat(t, proxy, tight, m.prediction, fat)
+    if not below:
+        core_place(t, proxy, tight, fat)
+        return True
+    return place_below(t, proxy, tight, fat, m.marks)
+
+
+cdef inline void prefetch_row(const SplitMoves *m, int64_t i) noexcept nogil:
+    """As the one-thread loop does: a later move's proxy, and an earlier-fetched one's parent."""
+    if i + 2 * PREFETCH_AHEAD < m.n:
+        core_prefetch_move(m.t, m.proxies[m.order[i + 2 * PREFETCH_AHEAD]], False)
+    if i + PREFETCH_AHEAD < m.n:
+        core_prefetch_move(m.t, m.proxies[m.order[i + PREFETCH_AHEAD]], True)
+
+
+cdef void move_split_part(void *context, int part) noexcept nogil:
+    cdef SplitMoves *m = <SplitMoves *>context
+    cdef int split = counter_take(&m.next)
+    cdef int64_t e, row
+    while split < m.splits:
+        for e in range(m.starts[split], m.starts[split + 1]):
+            # As the one-thread loop does: a later move's proxy, an earlier-fetched one's parent.
+            if e + 2 * PREFETCH_AHEAD < m.starts[split + 1]:
+                core_prefetch_move(m.t, m.proxies[m.order[m.dealt[e + 2 * PREFETCH_AHEAD]]], False)
+            if e + PREFETCH_AHEAD < m.starts[split + 1]:
+                core_prefetch_move(m.t, m.proxies[m.order[m.dealt[e + PREFETCH_AHEAD]]], True)
+            row = m.order[m.dealt[e]]
+            m.deferred[row] = LATER if not move_row(m, row, True, True) else 0
+        split = counter_take(&m.next)
+
+
+cdef int core_move_split(TreeCore *t, const int32_t *proxies, const int64_t *order, const float *rows,
+                         float *before, uint8_t *refat, bint mark_moved, int64_t n, float prediction,
+                         int threads) noexcept nogil:
+    """Move n proxies (none of them sensors) as above; refat[row] & 1 tells which left their fat box.
+    With `mark_moved`, the proxies get PROXY_MOVED (and PROXY_REFAT when they left their fat box),
+    and refat[row] & NEWLY_MOVED tells which had no PROXY_MOVED before. Returns -1, with nothing
+    changed, when memory for the bookkeeping ran out."""
+    cdef SplitMoves m
+    cdef int32_t level[2 * MAX_SPLITS]
+    cdef int32_t tops[MAX_SPLITS]
+    cdef int32_t node
+    cdef int count = 1, next_count, top_count = 0, depth, k, split, part
+    cdef int64_t i, total = 0, c
+    m.t, m.proxies, m.order, m.rows, m.before, m.refat, m.mark_moved = t, proxies, order, rows, before, refat, mark_moved
+    m.prediction, m.n, m.parts, m.splits = prediction, n, threads, 0
+    m.marks = <uint8_t *>calloc(t.node_capacity, sizeof(uint8_t))
+    m.labels = <uint8_t *>malloc(n * sizeof(uint8_t))
+    m.deferred = <uint8_t *>calloc(n, sizeof(uint8_t))
+    m.counts = <int64_t *>calloc(threads * MAX_SPLITS, sizeof(int64_t))
+    m.dealt = <int64_t *>malloc(n * sizeof(int64_t))
+    if m.marks == NULL or m.labels == NULL or m.deferred == NULL or m.counts == NULL or m.dealt == NULL:
+        free(m.marks); free(m.labels); free(m.deferred); free(m.counts); free(m.dealt)
+        return -1
+    wide_stale(t)
+    # Stage 1: the subtrees' roots, the internal nodes SPLIT_DEPTH levels down; the nodes above them.
+    level[0] = subtree_root(t, False)
+    for depth in range(SPLIT_DEPTH):
+        next_count = 0
+        for k in range(count):
+            node = level[k]
+            if node >= 0:
+                tops[top_count] = node
+                top_count += 1
+                level[MAX_SPLITS + next_count] = t.nodes[node].child[0]
+                level[MAX_SPLITS + next_count + 1] = t.nodes[node].child[1]
+                next_count += 2
+        memcpy(level, level + MAX_SPLITS, next_count * sizeof(int32_t))
+        count = next_count
+    for k in range(top_count):
+        m.marks[tops[k]] = NO_SPLIT
+    for k in range(count):
+        if level[k] >= 0:
+            m.marks[level[k]] = <uint8_t>(1 + m.splits)
+            m.splits += 1
+    if threads == 1:
+        # Stage 2, on one thread: the rows in the batch's order, each kept inside its subtree. Edits
+        # in different subtrees touch different nodes, so this makes the tree the threads make.
+        for i in range(n):
+            prefetch_row(&m, i)
+            m.deferred[order[i]] = LATER if not move_row(&m, order[i], True, True) else 0
+    else:
+        # Stage 2: each row's subtree, and the rows dealt by subtree, keeping the batch's order.
+        run_parts(label_part, &m, m.parts)
+        for split in range(m.splits):
+            m.starts[split] = total
+            for part in range(m.parts):
+                c = m.counts[part * MAX_SPLITS + split]
+                m.counts[part * MAX_SPLITS + split] = total
+                total += c
+        m.starts[m.splits] = total
+        run_parts(deal_moves_part, &m, m.parts)
+        # Stage 3: the subtrees' moves, the threads taking subtrees in turn. A row whose leaf hangs
+        # above the subtrees waits for the last pass, as one thread's would.
+        counter_set(&m.next, 0)
+        run_parts(move_split_part, &m, min(threads, max(m.splits, 1)))
+        for i in range(n):
+            if m.labels[i] == NO_SPLIT:
+                m.deferred[order[i]] = UNVISITED
+    # Stage 4: the nodes above the subtrees, children before parents; then the rest, in order.
+    k = top_count - 1
+    while k >= 0:
+        refit(t, tops[k])
+        k -= 1
+    for i in range(n):
+        if m.deferred[order[i]]:
+            move_row(&m, order[i], False, m.deferred[order[i]] == UNVISITED)
+    free(m.marks); free(m.labels); free(m.deferred); free(m.counts); free(m.dealt)
+    return 0
 
 
 

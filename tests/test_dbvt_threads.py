@@ -546,3 +546,42 @@ def test_large_batches_look_up_their_ids_on_threads_as_one_thread(make):
         structure.validate()
         built[threads] = structure.to_bytes()
     assert built[2] == built[1] and built[3] == built[1]
+
+
+@pytest.mark.parametrize("dims", [3, 2])
+def test_a_large_batch_of_moves_edits_subtrees_on_threads_as_one_thread(dims):
+    """From 65,536 moves (and no sensors) the tree's subtrees are edited on the threads, the moves
+    that reach above their subtree made last: on 1, 2 and 3 threads the trees are the same byte for
+    byte, every step's pairs are the reference's, `previous` gets the old boxes, and the tree stays
+    valid and shallow. Some proxies jump across the world, so that some edits must wait."""
+    n = 70_000
+    world = W1World(n, dims, seed=31)
+    rng = np.random.default_rng(31)
+    oracle = reference.Broadphase(dims=dims)
+    worlds = [dbvt.Broadphase(dims=dims, threads=threads) for threads in (1, 2, 3)]
+    boxes = world.boxes.astype(np.float32)
+    for structure in (oracle, *worlds):
+        structure.create(world.ids, boxes)
+        structure.update()
+    side = float(boxes[:, dims:].max())
+    for step in range(4):
+        old = boxes
+        boxes = boxes + rng.normal(0, 1.5, (n, 1)).astype(np.float32)
+        jumpers = rng.choice(n, 300, replace=False)
+        boxes[jumpers] += rng.uniform(-side, side, (300, 1)).astype(np.float32)
+        order = rng.permutation(n)
+        expected = oracle.move(world.ids[order], boxes[order]), oracle.update()
+        previous = []
+        for structure in worlds:
+            before = np.empty((n, 2 * dims), np.float32)
+            left = structure.move(world.ids[order], boxes[order], previous=before)
+            begun, ended = structure.update()[:2]
+            np.testing.assert_array_equal(begun, expected[1][0])
+            np.testing.assert_array_equal(ended, expected[1][1])
+            previous.append((left, before))
+        assert worlds[0].to_bytes() == worlds[1].to_bytes() == worlds[2].to_bytes()
+        for left, before in previous:
+            assert left == previous[0][0]
+            np.testing.assert_array_equal(before, old[order])
+        worlds[0].validate()
+        assert worlds[0].stats()["height"] <= 2 * math.log2(n)
