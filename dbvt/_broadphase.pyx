@@ -45,7 +45,7 @@ from dbvt._sensors cimport (
     ROUNDING, SensorIndex, Shape, ball_holds, index_bytes, index_free, index_init, index_note, index_note_room,
     index_update, move_drift, reach_cube, shape_of, shape_touches,
 )
-from dbvt._tree cimport TreeBase, pair_array, prefetch_move
+from dbvt._tree cimport TreeBase, pair_array, prefetch_move, proxy_order
 
 # pair tracking on, moved count, pending ended count, partner total, pending sensor leaves, sensor margin
 _STATE = struct.Struct("<qqqqqd")
@@ -510,7 +510,7 @@ cdef class Broadphase(TreeBase):
         proxy_arr = self._existing(id_arr)
         cdef int32_t[::1] proxies = proxy_arr
         # In proxy order, which follows the tree's after a build: neighbouring edits share paths.
-        cdef int64_t[::1] order = np.argsort(proxy_arr)
+        cdef int64_t[::1] order = proxy_order(proxy_arr, self.core.proxy_capacity)
         cdef Py_ssize_t n = proxies.shape[0], i, row, k
         cdef int64_t refattened = 0
         cdef bint refat

@@ -16,6 +16,7 @@ cdef inline void prefetch_move(const TreeCore *t, const int32_t *proxies, const 
 
 
 cdef object pair_array(PairBuffer *buffer)
+cdef object proxy_order(const int32_t[::1] proxies, int32_t capacity)
 
 
 cdef class TreeBase:

@@ -118,6 +118,57 @@ cdef inline uint64_t spread_by_one(uint64_t x) noexcept nogil:
     return (x | x << 1) & <uint64_t>0x5555555555555555ULL
 
 
+cdef enum:
+    ORDER_DIGIT_BITS = 11           # a radix pass's digit: 2,048 counters stay in L1
+
+
+cdef object proxy_order(const int32_t[::1] proxies, int32_t capacity):
+    """The rows of a batch in the order of their proxies (distinct indices below `capacity`): what
+    np.argsort gives, by LSD radix passes over (proxy << 32 | row), two for a million proxies. A
+    batch's edits take this order; numpy's sort of 100,000 rows took 1.6 ms."""
+    cdef Py_ssize_t n = proxies.shape[0], i
+    cdef int shift = 32, bits = 0
+    cdef int64_t counts[1 << ORDER_DIGIT_BITS]
+    cdef int64_t total, c
+    cdef uint64_t *keys
+    cdef uint64_t *spare
+    cdef uint64_t *swap
+    order = np.empty(n, np.int64)
+    cdef int64_t[::1] out = order
+    if n == 0:
+        return order
+    while bits < 31 and (<int64_t>1 << bits) < capacity:
+        bits += 1
+    keys = <uint64_t *>malloc(n * sizeof(uint64_t))
+    spare = <uint64_t *>malloc(n * sizeof(uint64_t))
+    if keys == NULL or spare == NULL:
+        free(keys)
+        free(spare)
+        raise MemoryError()
+    with nogil:
+        for i in range(n):
+            keys[i] = (<uint64_t>proxies[i]) << 32 | <uint64_t>i
+        while shift < 32 + bits:
+            memset(counts, 0, sizeof(counts))
+            for i in range(n):
+                counts[(keys[i] >> shift) & ((1 << ORDER_DIGIT_BITS) - 1)] += 1
+            total = 0
+            for c in range(1 << ORDER_DIGIT_BITS):
+                total, counts[c] = total + counts[c], total
+            for i in range(n):
+                spare[counts[(keys[i] >> shift) & ((1 << ORDER_DIGIT_BITS) - 1)]] = keys[i]
+                counts[(keys[i] >> shift) & ((1 << ORDER_DIGIT_BITS) - 1)] += 1
+            swap = keys
+            keys = spare
+            spare = swap
+            shift += ORDER_DIGIT_BITS
+        for i in range(n):
+            out[i] = <int64_t><uint32_t>keys[i]
+    free(keys)
+    free(spare)
+    return order
+
+
 def spatial_order(const float[:, ::1] boxes, int dims):
     """Rows of `boxes` in the order of their centres along a Morton (Z-order) curve over the
     centres' bounds (21 bits an axis in 3-D, 32 in 2-D)."""
@@ -698,7 +749,7 @@ cdef class Tree(TreeBase):
         proxy_arr = self._existing(id_arr)
         cdef int32_t[::1] proxies = proxy_arr
         # In proxy order, which follows the tree's after a build: neighbouring edits share paths.
-        cdef int64_t[::1] order = np.argsort(proxy_arr)
+        cdef int64_t[::1] order = proxy_order(proxy_arr, self.core.proxy_capacity)
         cdef Py_ssize_t n = proxies.shape[0], i, row
         cdef int64_t moved = 0
         cdef float box[6]

@@ -489,7 +489,7 @@ def test_the_id_table_filled_by_regions_finds_every_proxy(threads):
 
 @pytest.mark.parametrize("make", [dbvt.Tree, dbvt.Broadphase])
 def test_a_large_batch_names_its_first_bad_box_on_threads_as_one_thread(make):
-    """From 262,144 rows the boxes are checked on the threads: a NaN anywhere is named before an
+    """From 65,536 rows the boxes are checked on the threads: a NaN anywhere is named before an
     inverted row anywhere, the first of each kind, and nothing is added."""
     n = 300_000
     rng = np.random.default_rng(22)
