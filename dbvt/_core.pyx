@@ -275,6 +275,7 @@ ctypedef struct SlotFill:
     int parts                       # the proxies (rows) cut into this many runs, one a thread
     int64_t regions
     int64_t *counts                 # [part * regions + region]: keys of a run in a region, then where they go
+    bint dealing                    # deal_part's second pass: put the keys, not only count them
     int64_t *starts                 # [region]: its first key in `dealt`; [regions]: all the keys
     uint64_t *dealt                 # home << 32 | proxy, by region, in proxy (row) order inside each
     int64_t *spilled                # [region]: its keys left for the last pass (kept at its front)
@@ -293,19 +294,9 @@ cdef inline uint64_t slot_key(const SlotFill *f, int64_t i) noexcept nogil:
     return home << 32 | <uint64_t>i
 
 
-cdef void count_part(void *context, int part) noexcept nogil:
-    cdef SlotFill *f = <SlotFill *>context
-    cdef int64_t first = f.scan * part // f.parts, last = f.scan * (part + 1) // f.parts, i
-    cdef int64_t *counts = f.counts + part * f.regions
-    cdef uint64_t key
-    for i in range(first, last):
-        key = slot_key(f, i)
-        if key != <uint64_t>NOT_DEALT:
-            counts[key >> (32 + REGION_SHIFT)] += 1
-
-
 cdef void deal_part(void *context, int part) noexcept nogil:
-    """The keys again (a hash costs less than storing and reading them back), each to its place."""
+    """A run's keys by region: counted (the first pass), then, with `dealing`, each put where the
+    counts say (a hash costs less than storing the keys and reading them back)."""
     cdef SlotFill *f = <SlotFill *>context
     cdef int64_t first = f.scan * part // f.parts, last = f.scan * (part + 1) // f.parts, i
     cdef int64_t *at = f.counts + part * f.regions
@@ -313,7 +304,8 @@ cdef void deal_part(void *context, int part) noexcept nogil:
     for i in range(first, last):
         key = slot_key(f, i)
         if key != <uint64_t>NOT_DEALT:
-            f.dealt[at[key >> (32 + REGION_SHIFT)]] = key
+            if f.dealing:
+                f.dealt[at[key >> (32 + REGION_SHIFT)]] = key
             at[key >> (32 + REGION_SHIFT)] += 1
 
 
@@ -355,7 +347,8 @@ cdef int deal_slots(TreeCore *t, int64_t scan, const uint64_t *ids, const int32_
         free(f.counts); free(f.starts); free(f.spilled); free(f.dealt)
         return -1
     # Stage 1: how many keys each run has in each region.
-    run_parts(count_part, &f, f.parts)
+    f.dealing = False
+    run_parts(deal_part, &f, f.parts)
     # Stage 2: where each run's keys of each region go (regions in order, runs in order inside
     # them), and there they go.
     for region in range(f.regions):
@@ -365,6 +358,7 @@ cdef int deal_slots(TreeCore *t, int64_t scan, const uint64_t *ids, const int32_
             f.counts[part * f.regions + region] = total
             total += count
     f.starts[f.regions] = total
+    f.dealing = True
     run_parts(deal_part, &f, f.parts)
     # Stage 3: the regions, taken in turn; then what ran past a region's end, in region order.
     counter_set(&f.next, 0)
