@@ -778,7 +778,7 @@ cdef class Broadphase(TreeBase):
         finder.sensor_index = &self.sensor_index
         finder.sensors = self.sensor_count != 0
         if self.threads > 1:
-            status = self._refresh_on_threads(&finder, &hits, ended)
+            status = self._refresh_on_threads(&finder, ended)
         else:
             for m in range(self.moved_count):
                 proxy = self.moved[m]
@@ -818,14 +818,15 @@ cdef class Broadphase(TreeBase):
             self.moved_count = 0
         return status
 
-    cdef int _refresh_on_threads(self, const Finder *finder, Hits *hits, PairBuffer *ended) noexcept nogil:
+    cdef int _refresh_on_threads(self, const Finder *finder, PairBuffer *ended) noexcept nogil:
         """Stage 1 with the partners found on the threads (find_all), then merged in the order one
         thread merges them: finding reads only what merging leaves alone (the tree, the filters, the
         grid), so the lists come out the same."""
         cdef int32_t *refat = <int32_t *>malloc(max(self.moved_count, 1) * sizeof(int32_t))
-        cdef int64_t n = 0, m, k
+        cdef int64_t n = 0, m
         cdef int status = 0
         cdef const Hits *source
+        cdef Hits view
         cdef Found found
         memset(&found, 0, sizeof(Found))
         if refat == NULL:
@@ -844,13 +845,12 @@ cdef class Broadphase(TreeBase):
                 if 0 <= self.listed_limit < self.listed:
                     status = FAT_LIMIT
                 continue
-            hits.count = 0
+            # The merge works in place in the partners it is given: a view of the thread's hits.
             source = &found.hits[found.worker[m]]
-            for k in range(found.first[m], found.first[m] + found.count[m]):
-                if hits_push(hits, source.proxies[k], 0.0) != 0:
-                    status = -1
-            if status == 0:
-                status = self._merge_partners(refat[m], hits, ended)
+            view.proxies = source.proxies + found.first[m]
+            view.fractions = source.fractions + found.first[m]
+            view.count = view.capacity = found.count[m]
+            status = self._merge_partners(refat[m], &view, ended)
         found_free(&found)
         free(refat)
         return status
