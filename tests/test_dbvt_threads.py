@@ -585,3 +585,25 @@ def test_a_large_batch_of_moves_edits_subtrees_on_threads_as_one_thread(dims):
             np.testing.assert_array_equal(before, old[order])
         worlds[0].validate()
         assert worlds[0].stats()["height"] <= 2 * math.log2(n)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dims", [3, 2])
+def test_a_large_batch_of_moves_refits_the_nodes_above_the_subtrees(dims, threads):
+    """The subtrees' edits stop at their roots, and the nodes above them are refitted after: when the
+    outermost proxy steps inward, and nothing else moves, every box up to the root shrinks with it
+    (validate() requires each node's box to be exactly its children's union)."""
+    n = 70_000
+    rng = np.random.default_rng(32)
+    low = rng.uniform(0, 1000, (n, dims))
+    boxes = np.hstack([low, low + 1]).astype(np.float32)
+    ids = np.arange(1, n + 1, dtype=np.uint64)
+    for axis in range(dims):
+        for outermost, step in ((int(np.argmin(boxes[:, axis])), 0.5), (int(np.argmax(boxes[:, dims + axis])), -0.5)):
+            structure = dbvt.Broadphase(dims=dims, threads=threads)
+            structure.create(ids, boxes)
+            structure.update()
+            moved = boxes.copy()
+            moved[outermost, [axis, dims + axis]] += step
+            assert structure.move(ids, moved) == 1
+            structure.validate()
