@@ -31,8 +31,8 @@ from dbvt._core cimport (
     NEWLY_MOVED, PREDICTION_STEPS, PREFETCH_AHEAD, PROXY_LIVE, PROXY_MOVED, PROXY_REFAT, PROXY_SEEN, PROXY_SENSOR,
     PROXY_SENSOR_BOX, PROXY_SENSOR_SPHERE, PROXY_STATIC, QUERY_FAT_BOX, Hits, IdPair, PairBuffer, Proxy, Query, Stack,
     TreeCore, box_contains, boxes_overlap, clamp_finite, core_move, core_move_split, core_place, core_remove,
-    core_reserve, core_set_sensor, hits_free, hits_push, listed_allowed, load_box, pair_allowed, prefetch, stack_free,
-    walk,
+    core_reserve, core_set_sensor, hits_free, hits_push, listed_allowed, load_box, pair_allowed, prefetch, prefetch_move,
+    stack_free, walk,
 )
 from dbvt._finding cimport (
     FIND_ON_THREADS_FROM, UNCHANGED, Finder, Found, Retest, Retests, find_all, find_partners, found_free, reach_allows,
@@ -45,7 +45,7 @@ from dbvt._sensors cimport (
     ROUNDING, SensorIndex, Shape, ball_holds, index_bytes, index_free, index_init, index_note, index_note_room,
     index_update, move_drift, reach_cube, shape_of, shape_touches,
 )
-from dbvt._tree cimport TreeBase, pair_array, prefetch_move, proxy_order
+from dbvt._tree cimport TreeBase, pair_array, proxy_order
 
 # pair tracking on, moved count, pending ended count, partner total, pending sensor leaves, sensor margin
 _STATE = struct.Struct("<qqqqqd")

@@ -402,3 +402,13 @@ cdef inline uint64_t mix64(uint64_t x) noexcept nogil:
     x *= <uint64_t>0x94d049bb133111ebULL
     x ^= x >> 31
     return x
+
+
+cdef inline void prefetch_move(const TreeCore *t, const int32_t *proxies, const int64_t *order,
+                               Py_ssize_t i, Py_ssize_t n) noexcept nogil:
+    """Before move i of a batch taken in `order`: fetch a later move's proxy, and an earlier-fetched
+    one's parent node (where a move that leaves its fat box starts)."""
+    if i + 2 * PREFETCH_AHEAD < n:
+        core_prefetch_move(t, proxies[order[i + 2 * PREFETCH_AHEAD]], False)
+    if i + PREFETCH_AHEAD < n:
+        core_prefetch_move(t, proxies[order[i + PREFETCH_AHEAD]], True)

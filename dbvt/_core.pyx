@@ -856,7 +856,7 @@ ctypedef struct SplitMoves:
     uint8_t *labels                 # per position in `order`: its row's subtree, or NO_SPLIT
     int64_t *counts                 # [part * MAX_SPLITS + split]: positions, then where they go
     int64_t starts[MAX_SPLITS + 1]
-    int64_t *dealt                  # positions by subtree, in the batch's order inside each
+    int64_t *dealt                  # rows by subtree, in the batch's order inside each
     dbvt_counter next
 
 
@@ -945,7 +945,7 @@ cdef void deal_moves_part(void *context, int part) noexcept nogil:
     cdef int64_t *at = m.counts + part * MAX_SPLITS
     for i in range(first, last):
         if m.labels[i] != NO_SPLIT:
-            m.dealt[at[m.labels[i]]] = i
+            m.dealt[at[m.labels[i]]] = m.order[i]
             at[m.labels[i]] += 1
 
 
@@ -977,27 +977,17 @@ cdef bint move_row(SplitMoves *m, int64_t row, bint below, bint first) noexcept 
     return place_below(t, proxy, tight, fat, m.marks)
 
 
-cdef inline void prefetch_row(const SplitMoves *m, int64_t i) noexcept nogil:
-    """As the one-thread loop does: a later move's proxy, and an earlier-fetched one's parent."""
-    if i + 2 * PREFETCH_AHEAD < m.n:
-        core_prefetch_move(m.t, m.proxies[m.order[i + 2 * PREFETCH_AHEAD]], False)
-    if i + PREFETCH_AHEAD < m.n:
-        core_prefetch_move(m.t, m.proxies[m.order[i + PREFETCH_AHEAD]], True)
-
-
 cdef void move_split_part(void *context, int part) noexcept nogil:
     cdef SplitMoves *m = <SplitMoves *>context
     cdef int split = counter_take(&m.next)
-    cdef int64_t e, row
+    cdef int64_t e, count
+    cdef const int64_t *rows
     while split < m.splits:
-        for e in range(m.starts[split], m.starts[split + 1]):
-            # As the one-thread loop does: a later move's proxy, an earlier-fetched one's parent.
-            if e + 2 * PREFETCH_AHEAD < m.starts[split + 1]:
-                core_prefetch_move(m.t, m.proxies[m.order[m.dealt[e + 2 * PREFETCH_AHEAD]]], False)
-            if e + PREFETCH_AHEAD < m.starts[split + 1]:
-                core_prefetch_move(m.t, m.proxies[m.order[m.dealt[e + PREFETCH_AHEAD]]], True)
-            row = m.order[m.dealt[e]]
-            m.deferred[row] = LATER if not move_row(m, row, True, True) else 0
+        rows = m.dealt + m.starts[split]
+        count = m.starts[split + 1] - m.starts[split]
+        for e in range(count):
+            prefetch_move(m.t, m.proxies, rows, e, count)
+            m.deferred[rows[e]] = 0 if move_row(m, rows[e], True, True) else LATER
         split = counter_take(&m.next)
 
 
@@ -1049,8 +1039,8 @@ cdef int core_move_split(TreeCore *t, const int32_t *proxies, const int64_t *ord
         # Stage 2, on one thread: the rows in the batch's order, each kept inside its subtree. Edits
         # in different subtrees touch different nodes, so this makes the tree the threads make.
         for i in range(n):
-            prefetch_row(&m, i)
-            m.deferred[order[i]] = LATER if not move_row(&m, order[i], True, True) else 0
+            prefetch_move(t, proxies, order, i, n)
+            m.deferred[order[i]] = 0 if move_row(&m, order[i], True, True) else LATER
     else:
         # Stage 2: each row's subtree, and the rows dealt by subtree, keeping the batch's order.
         run_parts(label_part, &m, m.parts)

@@ -8,6 +8,12 @@ ctypedef void (*PartTask)(void *context, int part) noexcept nogil
 
 cdef void run_parts(PartTask task, void *context, int parts) noexcept nogil
 
+cdef enum:
+    # A batch of this many ids or boxes has its checks and look-ups cut over the threads; a smaller
+    # one takes a fraction of a millisecond, less than the threads cost to start.
+    BATCH_ON_THREADS_FROM = 65536
+    MAX_THREADS = 1024              # as dbvt.validation allows
+
 
 # A counter threads take work from in turn (C11 atomics, relaxed: it hands out indices, nothing more).
 cdef extern from *:

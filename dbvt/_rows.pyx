@@ -6,11 +6,10 @@ from libc.float cimport FLT_MAX
 from libc.math cimport fabsf
 from libc.stdint cimport int64_t, uint32_t
 
-from dbvt._parallel cimport run_parts
+from dbvt._parallel cimport BATCH_ON_THREADS_FROM, run_parts
 
 cdef enum:
     BLOCK_ROWS = 256            # rows tested branch-free together; only a block with a bad row is looked into
-    PARALLEL_FROM = 1 << 16     # rows; a smaller batch is scanned in a fraction of a millisecond
     MAX_PARTS = 64
 
 cdef uint32_t EXPONENT = 0x7F800000         # a float32's exponent bits
@@ -97,7 +96,7 @@ def first_bad_row(const float[:, ::1] rows, int dims, int threads=1):
     if r.n == 0 or r.width == 0:
         return -1, True
     r.values = &rows[0, 0]
-    r.parts = min(threads, MAX_PARTS) if r.n >= PARALLEL_FROM else 1
+    r.parts = min(threads, MAX_PARTS) if r.n >= BATCH_ON_THREADS_FROM else 1
     r.found, r.finite = found_at, finite_at
     with nogil:
         run_parts(scan_part, &r, r.parts)

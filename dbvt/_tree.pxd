@@ -2,17 +2,7 @@
 # (argument checks against the id table, batch queries into numpy CSR arrays, serialisation).
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 
-from dbvt._core cimport PREFETCH_AHEAD, PairBuffer, TreeCore, core_prefetch_move
-
-
-cdef inline void prefetch_move(const TreeCore *t, const int32_t *proxies, const int64_t *order,
-                               Py_ssize_t i, Py_ssize_t n) noexcept nogil:
-    """Before move i of a batch taken in `order`: fetch a later move's proxy, and an earlier-fetched
-    one's parent node (where a move that leaves its fat box starts)."""
-    if i + 2 * PREFETCH_AHEAD < n:
-        core_prefetch_move(t, proxies[order[i + 2 * PREFETCH_AHEAD]], False)
-    if i + PREFETCH_AHEAD < n:
-        core_prefetch_move(t, proxies[order[i + PREFETCH_AHEAD]], True)
+from dbvt._core cimport PairBuffer, TreeCore
 
 
 cdef object pair_array(PairBuffer *buffer)

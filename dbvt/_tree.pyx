@@ -23,11 +23,11 @@ from dbvt._core cimport (
     HIT_LIMIT, PREDICTION_STEPS, PREFETCH_AHEAD, PROXY_FLAGS, PROXY_LIVE, PROXY_SEEN, PROXY_SENSOR, Batch, IdPair,
     Node, PairBuffer, Proxy, Query, TreeCore,
     cache_costs, core_add, core_find, core_free, core_init, core_move, core_prefetch_find, mix64, prefetch,
-    core_remove, core_reserve, core_split_sensors, load_box, rehash, wide_stale,
+    core_remove, core_reserve, core_split_sensors, load_box, prefetch_move, rehash, wide_stale,
 )
 from dbvt._build cimport core_bulk_insert, core_rebuild
 from dbvt._check cimport core_area_ratio, core_check, core_height, core_memory
-from dbvt._parallel cimport counter_get, counter_set, dbvt_counter, fetch_or, run_parts
+from dbvt._parallel cimport BATCH_ON_THREADS_FROM, MAX_THREADS, counter_get, counter_set, dbvt_counter, fetch_or, run_parts
 from dbvt._wide cimport wide_refresh, wide_worth
 
 cdef extern from *:
@@ -200,38 +200,52 @@ def spatial_order(const float[:, ::1] boxes, int dims):
     return np.argsort(codes)
 
 
-# Looking up a batch's ids on threads, a run of rows each. Each row claims its proxy with an atomic OR
-# of PROXY_SEEN; an absent id, or a proxy claimed already, fails the lookup. Once all parts are done
-# (not before: a later claim of the same proxy must still see the flag) the claims are cleared on the
-# threads, and a failed lookup runs again on one thread, which names the first bad row.
-cdef enum:
-    FIND_ON_THREADS_FROM = 65536
-
+# Looking up a batch's ids, a run of rows a part. Each row claims its proxy by setting PROXY_SEEN (on
+# threads, with an atomic OR); an absent id, or a proxy claimed already, stops the part. The claims are
+# cleared once every part is done (not before: a later claim of the same proxy must still see the
+# flag). With one part the row that stopped it is the first bad row; a lookup on threads that fails
+# runs again as one part to name it.
 ctypedef struct Lookup:
     TreeCore *t
     const uint64_t *ids
     int32_t *out
     int64_t n
     int parts
-    int64_t *claimed                # [part]: the end of its run of claimed rows
-    dbvt_counter failed             # nonzero once a part found a bad row
+    int64_t claimed[MAX_THREADS]    # [part]: the end of its run of claimed rows
+    dbvt_counter failed             # nonzero once a part met a bad row
 
 
 cdef void lookup_part(void *context, int part) noexcept nogil:
     cdef Lookup *look = <Lookup *>context
+    # In locals: the stores to the flags could alias the Lookup, which the loop would then re-read.
+    cdef const TreeCore *t = look.t
+    cdef const uint64_t *ids = look.ids
+    cdef int32_t *out = look.out
+    cdef bint alone = look.parts == 1
     cdef int64_t i = look.n * part // look.parts, last = look.n * (part + 1) // look.parts
     cdef int32_t proxy
+    cdef uint32_t *flags
+    cdef uint32_t before
     while i < last:
         if i + 2 * PREFETCH_AHEAD < last:
-            core_prefetch_find(look.t, look.ids[i + 2 * PREFETCH_AHEAD], False)
+            core_prefetch_find(t, ids[i + 2 * PREFETCH_AHEAD], False)
         if i + PREFETCH_AHEAD < last:
-            core_prefetch_find(look.t, look.ids[i + PREFETCH_AHEAD], True)
-        proxy = core_find(look.t, look.ids[i])
-        if proxy < 0 or fetch_or(&look.t.proxies[proxy].flags, PROXY_SEEN) & PROXY_SEEN:
-            counter_set(&look.failed, 1)
+            core_prefetch_find(t, ids[i + PREFETCH_AHEAD], True)
+        proxy = core_find(t, ids[i])
+        if proxy < 0:
             break
-        look.out[i] = proxy
+        flags = &t.proxies[proxy].flags
+        if alone:
+            before = flags[0]
+            flags[0] = before | PROXY_SEEN
+        else:
+            before = fetch_or(flags, PROXY_SEEN)
+        if before & PROXY_SEEN:
+            break
+        out[i] = proxy
         i += 1
+    if i < last:
+        counter_set(&look.failed, 1)
     look.claimed[part] = i
 
 
@@ -242,23 +256,18 @@ cdef void unclaim_part(void *context, int part) noexcept nogil:
         look.t.proxies[look.out[i]].flags &= ~PROXY_SEEN
 
 
-cdef int lookup_on_threads(Lookup *look) noexcept nogil:
-    """1 when every id was found once (the proxies in look.out), 0 when a row is bad, -1 for memory."""
-    look.claimed = <int64_t *>malloc(look.parts * sizeof(int64_t))
-    if look.claimed == NULL:
-        return -1
+cdef bint lookup_ids(Lookup *look) noexcept nogil:
+    """Whether every id was found, once (the proxies in look.out); with one part, a failed lookup's
+    first bad row is look.claimed[0]."""
     counter_set(&look.failed, 0)
     run_parts(lookup_part, look, look.parts)
     run_parts(unclaim_part, look, look.parts)
-    free(look.claimed)
-    return 0 if counter_get(&look.failed) else 1
+    return not counter_get(&look.failed)
 
 
 # Checking a batch's new ids. On threads, each part takes the ids whose hash picks it (an id and its
 # repeats pick the same part), with its own set, in row order, and the first bad row of all the parts
 # is the one a single pass in row order would find. 1M ids: about 20 ms on one thread.
-cdef enum:
-    CHECK_ON_THREADS_FROM = 65536
 
 ctypedef struct IdsPart:            # one part's answer, written once at its end
     int64_t bad                     # its first row that repeats an earlier one or is present; n: none
@@ -360,39 +369,24 @@ cdef class TreeBase:
     cdef object _existing(self, object ids):
         """Proxy indices of `ids`, which must be present and distinct."""
         cdef const uint64_t[::1] id_view = ids
-        cdef Py_ssize_t n = id_view.shape[0], i, seen = 0, bad = -1
-        cdef bint duplicate = False
-        cdef int32_t proxy
         cdef Lookup look
-        proxies = np.empty(n, np.int32)
+        cdef bint found
+        cdef Py_ssize_t bad
+        proxies = np.empty(ids.shape[0], np.int32)
         cdef int32_t[::1] out = proxies
-        cdef int found
-        if self.threads > 1 and n >= FIND_ON_THREADS_FROM:
-            look.t, look.ids, look.out, look.n, look.parts = &self.core, &id_view[0], &out[0], n, self.threads
-            with nogil:
-                found = lookup_on_threads(&look)
-            if found < 0:
-                raise MemoryError()
-            if found:
-                return proxies
+        look.t, look.n = &self.core, id_view.shape[0]
+        if look.n == 0:
+            return proxies
+        look.ids, look.out = &id_view[0], &out[0]
+        look.parts = self.threads if look.n >= BATCH_ON_THREADS_FROM else 1
         with nogil:
-            for i in range(n):
-                if i + 2 * PREFETCH_AHEAD < n:
-                    core_prefetch_find(&self.core, id_view[i + 2 * PREFETCH_AHEAD], False)
-                if i + PREFETCH_AHEAD < n:
-                    core_prefetch_find(&self.core, id_view[i + PREFETCH_AHEAD], True)
-                proxy = core_find(&self.core, id_view[i])
-                if proxy < 0 or self.core.proxies[proxy].flags & PROXY_SEEN:
-                    bad = i
-                    duplicate = proxy >= 0
-                    break
-                self.core.proxies[proxy].flags |= PROXY_SEEN
-                out[i] = proxy
-                seen += 1
-            for i in range(seen):
-                self.core.proxies[out[i]].flags &= ~PROXY_SEEN
-        if bad >= 0:
-            if duplicate:
+            found = lookup_ids(&look)
+            if not found and look.parts > 1:
+                look.parts = 1
+                found = lookup_ids(&look)
+        if not found:
+            bad = look.claimed[0]
+            if core_find(&self.core, id_view[bad]) >= 0:
                 raise validation.duplicate_id(bad, id_view[bad])
             raise validation.unknown_id(bad, id_view[bad])
         return proxies
@@ -408,7 +402,7 @@ cdef class TreeBase:
         check.ids = &id_view[0] if id_view.shape[0] else NULL
         check.n = id_view.shape[0]
         check.t = &self.core
-        check.parts = self.threads if check.n >= CHECK_ON_THREADS_FROM else 1
+        check.parts = self.threads if check.n >= BATCH_ON_THREADS_FROM else 1
         check.results = <IdsPart *>calloc(check.parts, sizeof(IdsPart))
         if check.results == NULL:
             raise MemoryError()
