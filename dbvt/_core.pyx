@@ -662,7 +662,8 @@ cdef void insert_leaf(TreeCore *t, int32_t proxy, int32_t start) noexcept nogil:
     attach_leaf(t, proxy, top if start == t.root else start, alloc_node(t), NULL)
 
 
-cdef void attach_leaf(TreeCore *t, int32_t proxy, int32_t start, int32_t parent, const uint8_t *ceilings) noexcept nogil:
+cdef void attach_leaf(TreeCore *t, int32_t proxy, int32_t start, int32_t parent,
+                      const uint8_t *ceilings) noexcept nogil:
     """Insert a leaf below `start`, a node whose box holds the leaf's, with `parent` (a free node) as
     its new parent. Refits and rotations climb no higher than the first node `ceilings` marks (with
     NULL, up to the root)."""
@@ -1004,7 +1005,8 @@ cdef int core_move_split(TreeCore *t, const int32_t *proxies, const int64_t *ord
     cdef int32_t node
     cdef int count = 1, next_count, top_count = 0, depth, k, split, part
     cdef int64_t i, total = 0, c
-    m.t, m.proxies, m.order, m.rows, m.before, m.refat, m.mark_moved = t, proxies, order, rows, before, refat, mark_moved
+    m.t, m.proxies, m.order, m.rows, m.before = t, proxies, order, rows, before
+    m.refat, m.mark_moved = refat, mark_moved
     m.prediction, m.n, m.parts, m.splits = prediction, n, threads, 0
     m.marks = <uint8_t *>calloc(t.node_capacity, sizeof(uint8_t))
     m.labels = <uint8_t *>malloc(n * sizeof(uint8_t))

@@ -27,7 +27,9 @@ from dbvt._core cimport (
 )
 from dbvt._build cimport core_bulk_insert, core_rebuild
 from dbvt._check cimport core_area_ratio, core_check, core_height, core_memory
-from dbvt._parallel cimport BATCH_ON_THREADS_FROM, MAX_THREADS, counter_get, counter_set, dbvt_counter, fetch_or, run_parts
+from dbvt._parallel cimport (
+    BATCH_ON_THREADS_FROM, MAX_THREADS, counter_get, counter_set, dbvt_counter, fetch_or, run_parts,
+)
 from dbvt._wide cimport wide_refresh, wide_worth
 
 cdef extern from *:
