@@ -10,6 +10,7 @@ cdef int64_t drop_repeats(int32_t *items, int64_t n) noexcept nogil
 cdef void sort_pairs(IdPair *pairs, int64_t n) noexcept nogil
 cdef int pairs_push(PairBuffer *buffer, uint64_t a, uint64_t b) noexcept nogil
 cdef int rows_push(PairBuffer *buffer, uint64_t a, uint64_t b) noexcept nogil
+cdef int pairs_extend(PairBuffer *buffer, const PairBuffer *more) noexcept nogil
 cdef void pairs_free(PairBuffer *buffer) noexcept nogil
 cdef void batch_free(Batch *b) noexcept nogil
 cdef int batch_reserve(Batch *b, int64_t extra) noexcept nogil

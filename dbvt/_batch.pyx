@@ -233,6 +233,24 @@ cdef int rows_push(PairBuffer *buffer, uint64_t a, uint64_t b) noexcept nogil:
     return 0
 
 
+cdef int pairs_extend(PairBuffer *buffer, const PairBuffer *more) noexcept nogil:
+    """Append another buffer's rows."""
+    cdef int64_t capacity = max(buffer.capacity, <int64_t>256)
+    cdef IdPair *pairs
+    if buffer.count + more.count > buffer.capacity:
+        while capacity < buffer.count + more.count:
+            capacity *= 2
+        pairs = <IdPair *>realloc(buffer.pairs, capacity * sizeof(IdPair))
+        if pairs == NULL:
+            return -1
+        buffer.pairs = pairs
+        buffer.capacity = capacity
+    if more.count:
+        memcpy(buffer.pairs + buffer.count, more.pairs, more.count * sizeof(IdPair))
+    buffer.count += more.count
+    return 0
+
+
 cdef void pairs_free(PairBuffer *buffer) noexcept nogil:
     free(buffer.pairs)
     buffer.pairs = NULL

@@ -17,7 +17,7 @@ from libc.float cimport FLT_MAX
 from libc.math cimport INFINITY, nextafter, nextafterf
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc, realloc
-from libc.string cimport memcpy, memmove, memset
+from libc.string cimport memcpy, memset
 
 import math
 import struct
@@ -26,7 +26,7 @@ import numpy as np
 
 from dbvt import validation
 
-from dbvt._batch cimport pairs_free, pairs_push, rows_push, self_pairs, sort_int32, sort_pairs
+from dbvt._batch cimport pairs_extend, pairs_free, pairs_push, rows_push, self_pairs, sort_int32, sort_pairs
 from dbvt._core cimport (
     NEWLY_MOVED, PREDICTION_STEPS, PREFETCH_AHEAD, PROXY_LIVE, PROXY_MOVED, PROXY_REFAT, PROXY_SEEN, PROXY_SENSOR,
     PROXY_SENSOR_BOX, PROXY_SENSOR_SPHERE, PROXY_STATIC, QUERY_FAT_BOX, Hits, IdPair, PairBuffer, Proxy, Query, Stack,
@@ -35,11 +35,12 @@ from dbvt._core cimport (
     stack_free, walk,
 )
 from dbvt._finding cimport (
-    FIND_ON_THREADS_FROM, UNCHANGED, Finder, Found, Retest, Retests, find_all, find_partners, found_free, reach_allows,
-    retest_all, retests_free,
+    FAT_LIMIT, FIND_ON_THREADS_FROM, UNCHANGED, Finder, Found, Refreshed, Retest, Retests, find_all, find_partners,
+    flip_all, found_free, reach_allows, refresh_all, retest_all, retests_free,
 )
 from dbvt._partners cimport (
-    INLINE_PARTNERS, TOUCHING, Partners, budgets_of, items_of, partners_find, partners_place, tight_overlap,
+    INLINE_PARTNERS, TOUCHING, Partners, budgets_of, items_of, partners_erase, partners_find, partners_insert,
+    partners_reserve, tight_overlap,
 )
 from dbvt._sensors cimport (
     ROUNDING, SensorIndex, Shape, ball_holds, index_bytes, index_free, index_init, index_note, index_note_room,
@@ -59,7 +60,6 @@ cdef enum:
     # refreshing a sensor's partners (a walk and a merge of hundreds) costs far more than carrying
     # the few more partners of a longer box, most of which its budgets pass over.
     SENSOR_PREDICTION_STEPS = 8
-    FAT_LIMIT = 2                   # a status: update(max_fat_pairs=...) stopped at its limit
     FRESH_FAT = PROXY_LIVE | PROXY_REFAT    # a live proxy whose partners stage 1 must find
     # A batch of this many moves (and no sensors in the world) edits the tree's subtrees on the
     # threads (core_move_split); with one thread it takes the same steps, so the tree is the same.
@@ -116,84 +116,6 @@ cdef inline double budget(double slack, double sensor_drift, double partner_drif
     """What the two drifts may sum to before a pair's decision can change: their sum now and the slack,
     less the roundings of these sums and of the comparison (a slack at or below that never skips)."""
     return slack + sensor_drift + partner_drift - ROUNDING * (sensor_drift + partner_drift)
-
-
-cdef int partners_reserve(Partners *p, int32_t capacity, bint sensor) noexcept nogil:
-    """Room for `capacity` entries (and, for a sensor's list, their budgets; new ones are unknown)."""
-    cdef int32_t *items
-    cdef double *budgets
-    cdef size_t width = sizeof(int32_t) + (sizeof(double) if sensor else 0)
-    cdef int32_t k
-    if capacity <= p.capacity:
-        return 0
-    if capacity < 2 * INLINE_PARTNERS:
-        capacity = 2 * INLINE_PARTNERS
-    if sensor:
-        capacity += capacity & 1        # the budgets follow the entries: keep them 8-byte aligned
-    if p.capacity == INLINE_PARTNERS:
-        items = <int32_t *>malloc(capacity * width)
-        if items == NULL:
-            return -1
-        memcpy(items, p.entries.local, p.count * sizeof(int32_t))
-        if sensor:
-            budgets = <double *>(items + capacity)
-            for k in range(p.count):
-                budgets[k] = -INFINITY
-    else:
-        items = <int32_t *>realloc(p.entries.heap, capacity * width)
-        if items == NULL:
-            return -1
-        if sensor:
-            memmove(items + capacity, items + p.capacity, p.count * sizeof(double))
-    p.entries.heap = items
-    p.capacity = capacity
-    return 0
-
-
-cdef int partners_insert(Partners *p, int32_t other, bint sensor) noexcept nogil:
-    """Add `other`, not touching (and, on a sensor's list, not yet tested), keeping the list sorted."""
-    cdef int32_t i
-    cdef int32_t *items
-    cdef double *budgets
-    if p.count == p.capacity and partners_reserve(p, 2 * p.capacity, sensor) != 0:
-        return -1
-    items = items_of(p)
-    budgets = budgets_of(p) if sensor else NULL
-    if budgets != NULL:
-        # A sensor's list is long (every proxy within its reach): the entries after the new one, and
-        # their budgets, move in two blocks rather than one by one.
-        i = partners_place(items, p.count, other)
-        memmove(items + i + 1, items + i, (p.count - i) * sizeof(int32_t))
-        memmove(budgets + i + 1, budgets + i, (p.count - i) * sizeof(double))
-    else:
-        i = p.count
-        while i > 0 and (items[i - 1] >> 1) > other:
-            items[i] = items[i - 1]
-            i -= 1
-    items[i] = other << 1
-    if budgets != NULL:
-        budgets[i] = -INFINITY
-    p.count += 1
-    return 0
-
-
-cdef void partners_erase(Partners *p, int32_t other, bint sensor) noexcept nogil:
-    cdef int32_t *items = items_of(p)
-    cdef double *budgets = budgets_of(p) if sensor else NULL
-    cdef int32_t *entry = partners_find(p, other)
-    cdef int32_t i
-    if entry == NULL:
-        return
-    i = <int32_t>(entry - items)
-    p.count -= 1
-    if budgets != NULL:
-        # As in partners_insert: a sensor's list moves its tail in two blocks.
-        memmove(items + i, items + i + 1, (p.count - i) * sizeof(int32_t))
-        memmove(budgets + i, budgets + i + 1, (p.count - i) * sizeof(double))
-        return
-    while i < p.count:
-        items[i] = items[i + 1]
-        i += 1
 
 
 cdef inline void prefetch_partners(const TreeCore *t, const Partners *partners, const int32_t *moved,
@@ -819,22 +741,38 @@ cdef class Broadphase(TreeBase):
         return status
 
     cdef int _refresh_on_threads(self, const Finder *finder, PairBuffer *ended) noexcept nogil:
-        """Stage 1 with the partners found on the threads (find_all), then merged in the order one
-        thread merges them: finding reads only what merging leaves alone (the tree, the filters, the
-        grid), so the lists come out the same."""
+        """Stage 1 on threads. Without sensors, the threads merge too (refresh_all). With them, the
+        partners are found on the threads (find_all) and merged in the order one thread merges them:
+        finding reads only what merging leaves alone (the tree, the filters, the grid), so the lists
+        come out the same."""
         cdef int32_t *refat = <int32_t *>malloc(max(self.moved_count, 1) * sizeof(int32_t))
         cdef int64_t n = 0, m
         cdef int status = 0
         cdef const Hits *source
         cdef Hits view
         cdef Found found
+        cdef Refreshed refreshed
         memset(&found, 0, sizeof(Found))
+        memset(&refreshed, 0, sizeof(Refreshed))
         if refat == NULL:
             return -1
-        for m in range(self.moved_count):
-            if (self.core.proxies[self.moved[m]].flags & FRESH_FAT) == FRESH_FAT:
+        for m in range(self.moved_count):       # ascending: a proxy listed twice is taken once
+            if ((self.core.proxies[self.moved[m]].flags & FRESH_FAT) == FRESH_FAT
+                    and (n == 0 or refat[n - 1] != self.moved[m])):
                 refat[n] = self.moved[m]
                 n += 1
+        if self.sensor_count == 0 and n >= FIND_ON_THREADS_FROM:
+            status = refresh_all(&self.core, finder, self.partners, refat, n, self.threads,
+                                 max(0, self.listed_limit - self.listed) if self.listed_limit >= 0 else -1, &refreshed)
+            self.listed += refreshed.listed
+            self.touching += refreshed.touching
+            if status == 0:
+                status = pairs_extend(ended, &refreshed.ended)
+            pairs_free(&refreshed.ended)
+            free(refat)
+            if status == 0 and 0 <= self.listed_limit < self.listed:
+                return FAT_LIMIT
+            return status
         status = find_all(finder, self.partners, refat, n, self.threads if n >= FIND_ON_THREADS_FROM else 1, &found)
         for m in range(n):
             if status != 0:
@@ -857,7 +795,8 @@ cdef class Broadphase(TreeBase):
 
     cdef int _retest_on_threads(self, PairBuffer *begun, PairBuffer *ended) noexcept nogil:
         """Stage 2 for the moved proxies that are no sensors, with the changes found on the threads
-        (retest_all), made in the order one thread makes them (see _retest)."""
+        (retest_all). Without sensors, the threads make them too (flip_all); with them, one thread
+        makes them in the order it would take them (see _retest)."""
         cdef TreeCore *t = &self.core
         cdef int32_t *plain = <int32_t *>malloc(max(self.moved_count, 1) * sizeof(int32_t))
         cdef int64_t n = 0, m, c, r
@@ -865,7 +804,7 @@ cdef class Broadphase(TreeBase):
         cdef int32_t *entry
         cdef const Retest *change
         cdef bint now
-        cdef int status = 0
+        cdef int status = 0, w
         cdef Retests found
         memset(&found, 0, sizeof(Retests))
         if plain == NULL:
@@ -876,7 +815,18 @@ cdef class Broadphase(TreeBase):
                     and not is_sensor(t, proxy) and (n == 0 or plain[n - 1] != proxy)):
                 plain[n] = proxy
                 n += 1
-        status = retest_all(t, self.partners, plain, n, self.threads, &found)
+        status = retest_all(t, self.partners, plain, n, self.threads, self.sensor_count == 0, &found)
+        if status == 0 and self.sensor_count == 0:
+            flip_all(t, self.partners, &found, plain, n)
+            for w in range(found.workers):
+                self.touching += found.begun[w].count - found.ended[w].count
+                if status == 0:
+                    status = pairs_extend(begun, &found.begun[w])
+                if status == 0:
+                    status = pairs_extend(ended, &found.ended[w])
+            retests_free(&found)
+            free(plain)
+            return status
         # As _retest marks each proxy as it starts it: after a failure, those after it are left
         # moved, for the next update to re-test.
         last = -1
@@ -886,7 +836,7 @@ cdef class Broadphase(TreeBase):
                     break
                 change = &found.found[found.chunk_worker[c]][r]
                 entry = &items_of(&self.partners[change.proxy])[change.entry]
-                other = entry[0] >> 1
+                other = change.other
                 last = change.proxy
                 if change.visit:
                     status = self._visit_sensor(other, change.proxy, entry)

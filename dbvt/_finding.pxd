@@ -1,14 +1,16 @@
-# Finding what an update must change, on threads: the partners of proxies whose fat boxes changed
-# (stage 1, find_all) and the pairs of moved proxies whose touching bit flips (stage 2, retest_all).
-# Both only read the world, so threads may take different proxies at once; making the changes, which
-# writes the partner lists, stays on one thread, in the order one thread takes them (_broadphase.pyx).
+# An update's two stages on threads: the partners of proxies whose fat boxes changed (stage 1,
+# find_all) and the pairs of moved proxies whose touching bit flips (stage 2, retest_all). Finding
+# only reads the world, so threads may take different proxies at once. In a world without sensors the
+# threads make the changes too (refresh_all, flip_all), each list written by one thread only: its
+# owner's, or the one that holds its range of proxy slots; with sensors, the broadphase makes them on
+# one thread, in the order one thread takes them (_broadphase.pyx).
 # Functions returning `int` return 0, or -1 when memory ran out.
 from libc.stdint cimport int32_t, int64_t, uint32_t
 from libc.string cimport memcpy
 
 from dbvt._batch cimport drop_repeats, sort_int32
 from dbvt._core cimport (
-    PROXY_SENSOR, PROXY_SENSOR_SPHERE, QUERY_FAT_BOX, Hits, Query, Stack, TreeCore, listed_allowed, walk,
+    PROXY_SENSOR, PROXY_SENSOR_SPHERE, QUERY_FAT_BOX, Hits, PairBuffer, Query, Stack, TreeCore, listed_allowed, walk,
 )
 from dbvt._partners cimport Partners
 from dbvt._sensors cimport SensorIndex, ball_touches, index_find, reach_ball, within_reach
@@ -17,6 +19,7 @@ cdef enum:
     FIND_CHUNK = 64                 # proxies a thread takes at a time
     FIND_ON_THREADS_FROM = 512      # for fewer proxies than this, the calling thread finds alone
     UNCHANGED = -1                  # Found.count of a proxy whose list holds its partners already
+    FAT_LIMIT = 2                   # a status: update(max_fat_pairs=...) stopped at its limit
 
 
 ctypedef struct Finder:             # what finding partners reads, and nothing writes meanwhile
@@ -98,10 +101,21 @@ cdef int find_all(const Finder *f, const Partners *partners, const int32_t *prox
 cdef void found_free(Found *found) noexcept nogil
 
 
-ctypedef struct Retest:             # a change stage 2 found, for one thread to make
-    int32_t proxy                   # a moved proxy...
-    int32_t entry                   # ...and the entry of its list whose pair...
-    int32_t visit                   # ...flips (0), or is a sensor's that one thread re-tests (1)
+ctypedef struct Refreshed:          # what refresh_all changed beside the lists
+    PairBuffer ended                # the touching pairs whose fat boxes parted
+    int64_t listed                  # the change in the entries of all lists
+    int64_t touching                # the change in the touching pairs
+
+
+cdef int refresh_all(TreeCore *t, const Finder *f, Partners *partners, const int32_t *refat, int64_t n,
+                     int threads, int64_t room, Refreshed *out) noexcept nogil
+
+
+ctypedef struct Retest:             # a change stage 2 found: 16 bytes
+    int32_t proxy                   # 4: a moved proxy...
+    int32_t entry                   # 4: ...the entry of its list...
+    int32_t other                   # 4: ...for this partner, whose pair...
+    int32_t visit                   # 4: ...flips (0), or is a sensor's that one thread re-tests (1)
 
 ctypedef struct Retests:            # what retest_all found: each chunk's changes, in one thread's buffer
     Retest **found                  # a buffer a thread...
@@ -110,9 +124,13 @@ ctypedef struct Retests:            # what retest_all found: each chunk's change
     int64_t *chunk_count            # ...how many...
     int32_t *chunk_worker           # ...and whose buffer holds them
     int64_t chunks
+    PairBuffer *begun               # a thread, when asked: the pairs of its flips, as they begin...
+    PairBuffer *ended               # ...and end
     int workers
 
 
 cdef int retest_all(const TreeCore *t, const Partners *partners, const int32_t *moved, int64_t n, int threads,
-                    Retests *out) noexcept nogil
+                    bint pairs, Retests *out) noexcept nogil
+cdef void flip_all(TreeCore *t, Partners *partners, const Retests *found, const int32_t *moved,
+                   int64_t n) noexcept nogil
 cdef void retests_free(Retests *retests) noexcept nogil

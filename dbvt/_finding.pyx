@@ -1,12 +1,18 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False, cdivision=True
-"""Finding what an update must change (see _finding.pxd). Every proxy's answer depends on the world and
-the proxy alone, and comes out in order, so the answers found on several threads are one thread's."""
+"""An update's stages on threads (see _finding.pxd). Every proxy's answer depends on the world and the
+proxy alone, and comes out in order, so the answers found on several threads are one thread's; the
+changes made on threads leave every list as one thread leaves it."""
 from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memset
 
-from dbvt._core cimport PREFETCH_AHEAD, PROXY_MOVED, PROXY_SEEN, PROXY_SENSOR, hits_free, prefetch, stack_free
-from dbvt._parallel cimport counter_get, counter_set, counter_take, dbvt_counter, run_parts
-from dbvt._partners cimport TOUCHING, items_of, tight_overlap
+from dbvt._batch cimport pairs_extend, pairs_free, pairs_push
+from dbvt._core cimport (
+    PREFETCH_AHEAD, PROXY_MOVED, PROXY_REFAT, PROXY_SEEN, PROXY_SENSOR, hits_free, prefetch, stack_free,
+)
+from dbvt._parallel cimport add_fetch, counter_get, counter_set, counter_take, dbvt_counter, run_parts
+from dbvt._partners cimport (
+    TOUCHING, items_of, partners_erase, partners_find, partners_insert, partners_reserve, tight_overlap,
+)
 
 
 ctypedef struct FindJob:
@@ -95,11 +101,289 @@ cdef void found_free(Found *found) noexcept nogil:
     memset(found, 0, sizeof(Found))
 
 
+cdef enum:
+    # Under a limit, a thread adds what its lists gained to the shared count once it is this many
+    # entries (or its chunk ends): a pile of boxes on one spot stops within a few lists of the limit.
+    PUBLISH_EVERY = 4096
+
+
+ctypedef struct Mirrors:            # a thread's changes to other proxies' lists
+    int32_t *items                  # pairs [owner, partner << 1 | 1 to add it, 0 to drop it]
+    int64_t count
+    int64_t capacity
+
+
+ctypedef struct RefreshJob:
+    TreeCore *t
+    const Finder *f
+    Partners *partners
+    const int32_t *refat            # ascending, each once, all flagged PROXY_REFAT
+    int64_t n
+    int64_t room                    # entries the lists may gain before the refresh stops; -1: no limit
+    int64_t gained                  # what the threads have added of their gains (add_fetch)
+    unsigned char *merged           # per refat proxy: 1 once its list holds its partners
+    Mirrors *mirrors                # one a thread: changes to lists of proxies that kept their fat boxes...
+    Mirrors *pending                # ...and, under a limit, to those of refreshed ones, for after a stop
+    Refreshed *done                 # one a thread, kept in its locals while it works (see find_worker)
+    Refreshed *fixes                # one a part: the counts of the pending changes it made
+    int workers
+    dbvt_counter next
+    dbvt_counter failed
+    dbvt_counter stopped
+
+
+cdef int mirror_push(Mirrors *mirrors, int32_t owner, int32_t change) noexcept nogil:
+    cdef int64_t capacity
+    cdef int32_t *grown
+    if mirrors.count == mirrors.capacity:
+        capacity = max(<int64_t>256, 2 * mirrors.capacity)
+        grown = <int32_t *>realloc(mirrors.items, 2 * capacity * sizeof(int32_t))
+        if grown == NULL:
+            return -1
+        mirrors.items = grown
+        mirrors.capacity = capacity
+    mirrors.items[2 * mirrors.count] = owner
+    mirrors.items[2 * mirrors.count + 1] = change
+    mirrors.count += 1
+    return 0
+
+
+cdef int merge_own(const TreeCore *t, Partners *partners, int32_t proxy, Hits *hits, Mirrors *mirrors,
+                   Mirrors *pending, Refreshed *done, int64_t *gain) noexcept nogil:
+    """_broadphase's _merge_partners for a world without sensors, writing `proxy`'s list alone.
+    Partners are symmetric (both fat boxes overlap, both filters pass), so a refreshed partner merges
+    its own list to agree with this one, and a pair of two refreshed proxies that parted while
+    touching ends once, by the lower (as one thread, which takes them in order, ends it). The changes
+    to the lists of partners that kept their fat boxes are noted for their owners (mirror_part), and
+    with `pending`, those to refreshed partners' lists too, in case the refresh stops before them.
+    `gain` counts both sides of a pair with a refreshed partner at the lower proxy, so that the gains
+    counted against a limit are the lists' own before every proxy has merged."""
+    cdef Partners *mine = &partners[proxy]
+    cdef const int32_t *items = items_of(mine)
+    cdef int64_t kept = hits.count
+    cdef int32_t i = 0, j = 0, other
+    cdef bint refreshed
+    while i < mine.count or j < kept:
+        if j == kept or (i < mine.count and (items[i] >> 1) < hits.proxies[j]):
+            other = items[i] >> 1
+            refreshed = (t.proxies[other].flags & PROXY_REFAT) != 0
+            if not refreshed:
+                if mirror_push(mirrors, other, proxy << 1) != 0:
+                    return -1
+                done.listed -= 1
+            else:
+                gain[0] += 1 if proxy > other else -1
+                if pending != NULL and mirror_push(pending, other, proxy << 1) != 0:
+                    return -1
+            if (items[i] & TOUCHING) and (proxy < other or not refreshed):
+                if pairs_push(&done.ended, t.proxies[proxy].id, t.proxies[other].id) != 0:
+                    return -1
+                done.touching -= 1
+            i += 1
+        elif i == mine.count or hits.proxies[j] < (items[i] >> 1):
+            other = hits.proxies[j]
+            if not (t.proxies[other].flags & PROXY_REFAT):
+                if mirror_push(mirrors, other, (proxy << 1) | 1) != 0:
+                    return -1
+                done.listed += 1
+            else:
+                gain[0] += 1 if proxy < other else -1
+                if pending != NULL and mirror_push(pending, other, (proxy << 1) | 1) != 0:
+                    return -1
+            hits.proxies[j] = other << 1
+            j += 1
+        else:
+            hits.proxies[j] = items[i]
+            i += 1
+            j += 1
+    if partners_reserve(mine, <int32_t>kept, False) != 0:
+        return -1
+    if kept:
+        memcpy(items_of(mine), hits.proxies, kept * sizeof(int32_t))
+    done.listed += kept - mine.count
+    mine.count = <int32_t>kept
+    return 0
+
+
+cdef void refresh_worker(void *context, int worker) noexcept nogil:
+    """Stage 1's first half: take chunks of the refreshed proxies, find each one's partners and merge
+    them into its list when they differ. Every list a thread writes here is its own proxies'. Under a
+    limit, the lists' gains are counted across threads, and past it every thread stops."""
+    cdef RefreshJob *job = <RefreshJob *>context
+    cdef Stack stack
+    cdef Hits hits
+    cdef Mirrors mirrors
+    cdef Mirrors pending
+    cdef Refreshed done
+    cdef int64_t start, end, i, before, unpublished = 0, gain = 0
+    cdef int32_t proxy
+    memset(&stack, 0, sizeof(Stack))
+    memset(&hits, 0, sizeof(Hits))
+    memset(&mirrors, 0, sizeof(Mirrors))
+    memset(&pending, 0, sizeof(Mirrors))
+    memset(&done, 0, sizeof(Refreshed))
+    while not counter_get(&job.failed) and not counter_get(&job.stopped):
+        start = <int64_t>counter_take(&job.next) * FIND_CHUNK
+        if start >= job.n:
+            break
+        end = min(start + FIND_CHUNK, job.n)
+        for i in range(start, end):
+            proxy = job.refat[i]
+            hits.count = 0
+            before = done.listed
+            if find_partners(job.f, proxy, &stack, &hits) != 0 or (
+                    not same_partners(&job.partners[proxy], hits.proxies, hits.count)
+                    and merge_own(job.t, job.partners, proxy, &hits, &mirrors,
+                                  &pending if job.room >= 0 else NULL, &done, &gain) != 0):
+                counter_set(&job.failed, 1)
+                break
+            job.merged[i] = 1
+            if job.room < 0:
+                continue
+            unpublished += done.listed - before + gain
+            gain = 0
+            if unpublished >= PUBLISH_EVERY or i + 1 == end:
+                if add_fetch(&job.gained, unpublished) > job.room:
+                    counter_set(&job.stopped, 1)
+                unpublished = 0
+            if counter_get(&job.stopped):
+                break
+    stack_free(&stack)
+    hits_free(&hits)
+    job.mirrors[worker] = mirrors
+    job.pending[worker] = pending
+    job.done[worker] = done
+
+
+cdef inline int64_t first_at_least(const int32_t *ascending, int64_t n, int32_t value) noexcept nogil:
+    cdef int64_t lo = 0, hi = n, mid
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if ascending[mid] < value:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+cdef inline int32_t part_start(const TreeCore *t, int part, int parts) noexcept nogil:
+    """The first proxy slot of a part, when the slots are cut into `parts` equal ranges."""
+    return <int32_t>(<int64_t>t.proxy_capacity * part // parts)
+
+
+cdef int make_pending(RefreshJob *job, const Mirrors *pending, int32_t lo, int32_t hi, Refreshed *fix) noexcept nogil:
+    """After a stop: the changes merged proxies made to pairs with refreshed proxies whose turn never
+    came, on the latter's side. A touching pair the merged side left to the lower proxy ends here."""
+    cdef int64_t k
+    cdef int32_t owner, partner
+    cdef int32_t *entry
+    for k in range(pending.count):
+        owner = pending.items[2 * k]
+        if owner < lo or owner >= hi or job.merged[first_at_least(job.refat, job.n, owner)]:
+            continue
+        partner = pending.items[2 * k + 1] >> 1
+        if pending.items[2 * k + 1] & 1:
+            if partners_insert(&job.partners[owner], partner, False) != 0:
+                return -1
+            fix.listed += 1
+            continue
+        entry = partners_find(&job.partners[owner], partner)
+        if (entry[0] & TOUCHING) and partner > owner:
+            fix.touching -= 1
+        partners_erase(&job.partners[owner], partner, False)
+        fix.listed -= 1
+    return 0
+
+
+cdef void mirror_part(void *context, int part) noexcept nogil:
+    """Stage 1's second half, for the proxies of one range of slots: the changes the merged proxies
+    noted for their lists, and the end of their own refresh (PROXY_REFAT cleared)."""
+    cdef RefreshJob *job = <RefreshJob *>context
+    cdef int32_t lo = part_start(job.t, part, job.workers), hi = part_start(job.t, part + 1, job.workers)
+    cdef const Mirrors *mirrors
+    cdef int32_t owner, change
+    cdef int64_t k, i
+    cdef int w
+    for w in range(job.workers):
+        mirrors = &job.mirrors[w]
+        for k in range(mirrors.count):
+            owner = mirrors.items[2 * k]
+            if owner < lo or owner >= hi:
+                continue
+            change = mirrors.items[2 * k + 1]
+            if not (change & 1):
+                partners_erase(&job.partners[owner], change >> 1, False)
+            elif partners_insert(&job.partners[owner], change >> 1, False) != 0:
+                counter_set(&job.failed, 1)
+                return
+        if counter_get(&job.stopped) and make_pending(job, &job.pending[w], lo, hi, &job.fixes[part]) != 0:
+            counter_set(&job.failed, 1)
+            return
+    for i in range(first_at_least(job.refat, job.n, lo), job.n):
+        if job.refat[i] >= hi:
+            break
+        if job.merged[i]:
+            job.t.proxies[job.refat[i]].flags &= ~PROXY_REFAT
+
+
+cdef int refresh_all(TreeCore *t, const Finder *f, Partners *partners, const int32_t *refat, int64_t n,
+                     int threads, int64_t room, Refreshed *out) noexcept nogil:
+    """Stage 1 on threads, for a world without sensors: each of `refat` (ascending, each once, all
+    flagged PROXY_REFAT; `f` reads `t`) gets the partners found for it as its list, the lists of the
+    proxies that kept their fat boxes gain or lose it, and the flags are cleared. Every list comes out
+    as one thread's merges, in order, leave it. `out` (empty) gets the touching pairs that parted and
+    the changes in the counts.
+
+    With `room` (not -1), FAT_LIMIT once the lists have gained more entries than that: the proxies
+    not merged by then keep their flag, for the next update, and every list agrees with its
+    partners'. After a failure (-1) the lists may disagree, as after a failed merge on one thread."""
+    cdef RefreshJob job
+    cdef int status = 0, w
+    memset(&job, 0, sizeof(RefreshJob))
+    job.t = t
+    job.f = f
+    job.partners = partners
+    job.refat = refat
+    job.n = n
+    job.room = room
+    job.workers = <int>max(1, min(<int64_t>threads, n // FIND_CHUNK))
+    job.merged = <unsigned char *>calloc(max(n, 1), sizeof(unsigned char))
+    job.mirrors = <Mirrors *>calloc(job.workers, sizeof(Mirrors))
+    job.pending = <Mirrors *>calloc(job.workers, sizeof(Mirrors))
+    job.done = <Refreshed *>calloc(job.workers, sizeof(Refreshed))
+    job.fixes = <Refreshed *>calloc(job.workers, sizeof(Refreshed))
+    counter_set(&job.next, 0)
+    counter_set(&job.failed, 0)
+    counter_set(&job.stopped, 0)
+    if job.merged == NULL or job.mirrors == NULL or job.pending == NULL or job.done == NULL or job.fixes == NULL:
+        status = -1
+    else:
+        run_parts(refresh_worker, &job, job.workers)
+        if not counter_get(&job.failed):
+            run_parts(mirror_part, &job, job.workers)
+        status = -1 if counter_get(&job.failed) else FAT_LIMIT if counter_get(&job.stopped) else 0
+        for w in range(job.workers):
+            out.listed += job.done[w].listed + job.fixes[w].listed
+            out.touching += job.done[w].touching + job.fixes[w].touching
+            if status != -1 and pairs_extend(&out.ended, &job.done[w].ended) != 0:
+                status = -1
+            pairs_free(&job.done[w].ended)
+            free(job.mirrors[w].items)
+            free(job.pending[w].items)
+    free(job.merged)
+    free(job.mirrors)
+    free(job.pending)
+    free(job.done)
+    free(job.fixes)
+    return status
+
+
 ctypedef struct RetestJob:
     const TreeCore *t
     const Partners *partners
     const int32_t *moved
     int64_t n
+    bint pairs                      # push each flip's pair too
     Retests *out
     dbvt_counter next
     dbvt_counter failed
@@ -109,9 +393,11 @@ ctypedef struct Changes:            # a thread's changes while it works: its own
     Retest *items
     int64_t count
     int64_t capacity
+    PairBuffer begun                # when the job asks for pairs
+    PairBuffer ended
 
 
-cdef int change_push(Changes *changes, int32_t proxy, int32_t entry, int32_t visit) noexcept nogil:
+cdef int change_push(Changes *changes, int32_t proxy, int32_t entry, int32_t other, int32_t visit) noexcept nogil:
     cdef int64_t capacity
     cdef Retest *grown
     if changes.count == changes.capacity:
@@ -123,6 +409,7 @@ cdef int change_push(Changes *changes, int32_t proxy, int32_t entry, int32_t vis
         changes.capacity = capacity
     changes.items[changes.count].proxy = proxy
     changes.items[changes.count].entry = entry
+    changes.items[changes.count].other = other
     changes.items[changes.count].visit = visit
     changes.count += 1
     return 0
@@ -137,17 +424,25 @@ cdef int retest_one(const RetestJob *job, Changes *changes, int32_t proxy) noexc
     cdef const int32_t *items = items_of(mine)
     cdef int32_t k, other
     cdef uint32_t flags
+    cdef bint now
     for k in range(mine.count):
         if k + PREFETCH_AHEAD < mine.count:
             prefetch(&t.proxies[items[k + PREFETCH_AHEAD] >> 1])
         other = items[k] >> 1
         flags = t.proxies[other].flags
         if flags & PROXY_SENSOR:
-            if not (flags & PROXY_SEEN) and change_push(changes, proxy, k, 1) != 0:
+            if not (flags & PROXY_SEEN) and change_push(changes, proxy, k, other, 1) != 0:
                 return -1
-        elif flags & PROXY_MOVED and other < proxy:
             continue
-        elif tight_overlap(t, proxy, other) != (items[k] & TOUCHING) and change_push(changes, proxy, k, 0) != 0:
+        if flags & PROXY_MOVED and other < proxy:
+            continue
+        now = tight_overlap(t, proxy, other)
+        if now == (items[k] & TOUCHING):
+            continue
+        if change_push(changes, proxy, k, other, 0) != 0:
+            return -1
+        if job.pairs and pairs_push(&changes.begun if now else &changes.ended, t.proxies[proxy].id,
+                                    t.proxies[other].id) != 0:
             return -1
     return 0
 
@@ -174,12 +469,15 @@ cdef void retest_worker(void *context, int worker) noexcept nogil:
         out.chunk_count[chunk] = changes.count - out.chunk_first[chunk]
     out.found[worker] = changes.items
     out.found_count[worker] = changes.count
+    out.begun[worker] = changes.begun
+    out.ended[worker] = changes.ended
 
 
 cdef int retest_all(const TreeCore *t, const Partners *partners, const int32_t *moved, int64_t n, int threads,
-                    Retests *out) noexcept nogil:
+                    bint pairs, Retests *out) noexcept nogil:
     """Stage 2's changes for `moved` (live proxies that are no sensors, ascending, each once) into `out`
-    (empty), chunk by chunk: flips and sensors' pairs to re-test, in the order one thread meets them."""
+    (empty), chunk by chunk: flips and sensors' pairs to re-test, in the order one thread meets them;
+    with `pairs`, each thread's flips' pairs too, begun and ended."""
     cdef RetestJob job
     out.chunks = (n + FIND_CHUNK - 1) // FIND_CHUNK
     out.workers = <int>max(1, min(<int64_t>threads, out.chunks))
@@ -188,13 +486,16 @@ cdef int retest_all(const TreeCore *t, const Partners *partners, const int32_t *
     out.chunk_first = <int64_t *>malloc(max(out.chunks, 1) * sizeof(int64_t))
     out.chunk_count = <int64_t *>malloc(max(out.chunks, 1) * sizeof(int64_t))
     out.chunk_worker = <int32_t *>malloc(max(out.chunks, 1) * sizeof(int32_t))
+    out.begun = <PairBuffer *>calloc(out.workers, sizeof(PairBuffer))
+    out.ended = <PairBuffer *>calloc(out.workers, sizeof(PairBuffer))
     if (out.found == NULL or out.found_count == NULL or out.chunk_first == NULL or out.chunk_count == NULL
-            or out.chunk_worker == NULL):
+            or out.chunk_worker == NULL or out.begun == NULL or out.ended == NULL):
         return -1
     job.t = t
     job.partners = partners
     job.moved = moved
     job.n = n
+    job.pairs = pairs
     job.out = out
     counter_set(&job.next, 0)
     counter_set(&job.failed, 0)
@@ -202,14 +503,65 @@ cdef int retest_all(const TreeCore *t, const Partners *partners, const int32_t *
     return -1 if counter_get(&job.failed) else 0
 
 
+ctypedef struct FlipJob:
+    TreeCore *t
+    Partners *partners
+    const Retests *found
+    const int32_t *moved
+    int64_t n
+    int parts
+
+
+cdef void flip_part(void *context, int part) noexcept nogil:
+    """The flips retest_all found, on the lists of one range of proxy slots: each side of a pair is
+    flipped by the thread that holds its list. Then the part's moved proxies are re-tested
+    (PROXY_MOVED cleared)."""
+    cdef FlipJob *job = <FlipJob *>context
+    cdef int32_t lo = part_start(job.t, part, job.parts), hi = part_start(job.t, part + 1, job.parts)
+    cdef const Retest *change
+    cdef int64_t r, i
+    cdef int w
+    for w in range(job.found.workers):
+        for r in range(job.found.found_count[w]):
+            change = &job.found.found[w][r]
+            if lo <= change.proxy < hi:
+                items_of(&job.partners[change.proxy])[change.entry] ^= TOUCHING
+            if lo <= change.other < hi:
+                partners_find(&job.partners[change.other], change.proxy)[0] ^= TOUCHING
+    for i in range(first_at_least(job.moved, job.n, lo), job.n):
+        if job.moved[i] >= hi:
+            break
+        job.t.proxies[job.moved[i]].flags &= ~PROXY_MOVED
+
+
+cdef void flip_all(TreeCore *t, Partners *partners, const Retests *found, const int32_t *moved,
+                   int64_t n) noexcept nogil:
+    """Make the flips of a retest_all for `moved` in a world without sensors (so no pair to visit),
+    on as many threads as found them."""
+    cdef FlipJob job
+    job.t = t
+    job.partners = partners
+    job.found = found
+    job.moved = moved
+    job.n = n
+    job.parts = found.workers
+    run_parts(flip_part, &job, job.parts)
+
+
 cdef void retests_free(Retests *retests) noexcept nogil:
     cdef int i
-    if retests.found != NULL:
-        for i in range(retests.workers):
+    for i in range(retests.workers):
+        if retests.found != NULL:
             free(retests.found[i])
+        if retests.begun != NULL:
+            pairs_free(&retests.begun[i])
+        if retests.ended != NULL:
+            pairs_free(&retests.ended[i])
     free(retests.found)
     free(retests.found_count)
     free(retests.chunk_first)
     free(retests.chunk_count)
     free(retests.chunk_worker)
+    free(retests.begun)
+    free(retests.ended)
     memset(retests, 0, sizeof(Retests))

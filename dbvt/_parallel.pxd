@@ -1,6 +1,6 @@
 # A fork-join on POSIX threads, for cutting one call's work into parts. No OpenMP: the wheels and the
 # container image would then need its runtime.
-from libc.stdint cimport uint32_t
+from libc.stdint cimport int64_t, uint32_t
 
 # One part of the work: it must touch no Python object, and may not fail (it keeps its own status).
 ctypedef void (*PartTask)(void *context, int part) noexcept nogil
@@ -32,9 +32,14 @@ cdef extern from *:
     static inline uint32_t dbvt_fetch_or(uint32_t *word, uint32_t bits) {
         return __atomic_fetch_or(word, bits, __ATOMIC_RELAXED);
     }
+    /* Add to a plain 64-bit count that other threads add to too; returns the sum after. */
+    static inline int64_t dbvt_add_fetch(int64_t *count, int64_t value) {
+        return __atomic_add_fetch(count, value, __ATOMIC_RELAXED);
+    }
     """
     ctypedef int dbvt_counter
     int counter_take "dbvt_counter_take"(dbvt_counter *c) noexcept nogil
     int counter_get "dbvt_counter_get"(dbvt_counter *c) noexcept nogil
     void counter_set "dbvt_counter_set"(dbvt_counter *c, int value) noexcept nogil
     uint32_t fetch_or "dbvt_fetch_or"(uint32_t *word, uint32_t bits) noexcept nogil
+    int64_t add_fetch "dbvt_add_fetch"(int64_t *count, int64_t value) noexcept nogil

@@ -1,6 +1,7 @@
 # A proxy's partner list: the proxies whose fat boxes overlap its own (within reach, for a sensor's
 # pairs), each entry marking whether the pair touches. The broadphase keeps one per proxy slot and
-# changes them (_broadphase.pyx); finding what an update changes reads them on threads (_finding.pyx).
+# changes them (_broadphase.pyx); on threads, an update reads them, and each list's owner changes it
+# (_finding.pyx).
 from libc.stdint cimport int32_t
 
 from dbvt._core cimport TreeCore, boxes_overlap
@@ -63,3 +64,10 @@ cdef inline double *budgets_of(const Partners *p) noexcept nogil:
     if p.capacity == INLINE_PARTNERS:
         return NULL
     return <double *>(p.entries.heap + p.capacity)
+
+
+# Changing one list (_partners.pyx): -1 when memory ran out. Pass `sensor` for a sensor's list,
+# whose entries carry budgets.
+cdef int partners_reserve(Partners *p, int32_t capacity, bint sensor) noexcept nogil
+cdef int partners_insert(Partners *p, int32_t other, bint sensor) noexcept nogil
+cdef void partners_erase(Partners *p, int32_t other, bint sensor) noexcept nogil

@@ -377,11 +377,14 @@ def test_large_batches_grow_the_pools_and_check_ids_on_threads_as_one_thread(mak
     assert built[2] == built[1] and built[3] == built[1]
 
 
+@pytest.mark.parametrize("sensors", [True, False], ids=["sensors", "no-sensors"])
 @pytest.mark.parametrize("dense", [False, True], ids=["w1", "w2"])
-def test_a_broadphase_on_threads_steps_as_one_thread(dense):
+def test_a_broadphase_on_threads_steps_as_one_thread(dense, sensors):
     """Both stages of an update run on the threads (finding the partners of proxies with new fat boxes,
-    then the pairs that flip): every update's pairs and sensor events, and the partner lists they
-    leave, are those of one thread."""
+    then the pairs that flip; without sensors, the threads change the lists too): every update's
+    pairs and sensor events, and the partner lists they leave, are those of one thread. Between
+    steps some proxies are destroyed and created again, in slots that other proxies had, and some
+    are static or filtered out by group and mask."""
     from dbvt_server.bench.workload import make_w2
 
     if dense:
@@ -394,26 +397,73 @@ def test_a_broadphase_on_threads_steps_as_one_thread(dense):
         steps = [world.step() for _ in range(6)]
     rng = np.random.default_rng(9)
     centres = rng.uniform(boxes[:, :dims].min(0), boxes[:, dims:].max(0), size=(40, dims))
-    sensors = np.concatenate([centres - 6, centres + 6], axis=1).astype(np.float32)
-    sensor_ids = np.arange(10**9, 10**9 + 40, dtype=np.uint64)
+    sensor_boxes = np.concatenate([centres - 6, centres + 6], axis=1).astype(np.float32)
+    sensor_ids = np.arange(10**9, 10**9 + (40 if sensors else 0), dtype=np.uint64)
+    sensor_boxes = sensor_boxes[:len(sensor_ids)]
+    kinds = np.where(np.arange(len(sensor_ids)) % 2, 1, 2).astype(np.uint8)
+    static = np.arange(len(ids)) % 7 == 0
+    group = np.where(np.arange(len(ids)) % 5 == 0, 2, 1).astype(np.uint32)
+    mask = np.where(np.arange(len(ids)) % 11 == 0, 1, 0xFFFFFFFF).astype(np.uint32)
     worlds = [dbvt.Broadphase(dims=dims, sensor_margin=0.5, threads=threads) for threads in (1, 2, 3)]
     for bp in worlds:
-        bp.create(ids, boxes)
-        bp.create(sensor_ids, sensors, sensor=np.where(np.arange(40) % 2, 1, 2).astype(np.uint8))
+        bp.create(ids, boxes, static=static, group=group, mask=mask)
+        bp.create(sensor_ids, sensor_boxes, sensor=kinds)
+    current = boxes.copy()
+    by_id = np.argsort(ids)
     for step, (moved_ids, moved_boxes) in enumerate([(ids[:0], boxes[:0]), *steps]):     # at first all are new
         still = step % 2 == 0        # the moved proxies re-test standing sensors themselves
         if not still:
-            sensors += np.float32(0.7)
+            sensor_boxes += np.float32(0.7)
+        current[by_id[np.searchsorted(ids[by_id], moved_ids)]] = moved_boxes
+        reborn = rng.choice(len(ids), 40, replace=False)
         answers = []
         for bp in worlds:
             bp.move(moved_ids, moved_boxes)
-            bp.move(sensor_ids[:0] if still else sensor_ids, sensors[:0] if still else sensors)
-            answers.append([*bp.update(), *bp.sensor_events()])
+            bp.move(sensor_ids[:0] if still else sensor_ids, sensor_boxes[:0] if still else sensor_boxes)
+            if step:
+                bp.destroy(ids[reborn])
+                bp.create(ids[reborn][::-1], current[reborn][::-1], static=static[reborn][::-1],
+                          group=group[reborn][::-1], mask=mask[reborn][::-1])
+            answers.append([*bp.update(), *bp.sensor_events(), bp.pair_count])
         for answer in answers[1:]:
             for got, expected in zip(answer, answers[0]):
                 np.testing.assert_array_equal(got, expected)
         assert worlds[1].to_bytes() == worlds[0].to_bytes() == worlds[2].to_bytes()
     worlds[1].validate()
+    expected = reference.Broadphase(dims=dims)
+    expected.create(ids, current, static=static, group=group, mask=mask)
+    np.testing.assert_array_equal(worlds[2].pairs(), expected.update()[0])
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_a_fat_pair_limit_stops_an_update_on_threads_with_the_lists_agreeing(threads):
+    """Under max_fat_pairs the threads count what the lists gain as they merge, and stop soon past the
+    limit: the proxies merged keep their new lists, the others their flag for the next update, and
+    every list agrees with its partners' (validate() checks both sides and the counts). Undoing the
+    batch and updating again gives the pairs from before, as on one thread. Where the threads stop
+    depends on their timing, so the stop is tried on several worlds."""
+    for seed in range(8):
+        world = W1World(6000, 3, seed=seed)
+        ids, boxes = world.ids, world.boxes.astype(np.float32)
+        rng = np.random.default_rng(seed)
+        piled = rng.choice(len(ids), 3000, replace=False)
+        pile = boxes[piled].copy()
+        pile[:, :3] = rng.uniform(0, 12, (3000, 3))
+        pile[:, 3:] = pile[:, :3] + 2
+        for count in (1, threads) if seed == 0 else (threads,):
+            structure = dbvt.Broadphase(dims=3, threads=count)
+            structure.create(ids, boxes)
+            structure.update()
+            before = structure.pairs()
+            structure.move(ids[piled], pile)
+            with pytest.raises(dbvt.FatPairLimit):
+                structure.update(max_fat_pairs=20_000)
+            structure.validate()
+            assert structure.stats()["fat_pairs"] < 20_000 + count * 3000     # a few lists past it
+            structure.move(ids[piled], boxes[piled])
+            structure.update()
+            structure.validate()
+            np.testing.assert_array_equal(structure.pairs(), before)
 
 
 def test_a_server_with_threads_per_world_steps_as_one_thread():
