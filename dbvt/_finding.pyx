@@ -107,8 +107,21 @@ cdef enum:
     PUBLISH_EVERY = 4096
 
 
-ctypedef struct Mirrors:            # a thread's changes to other proxies' lists
-    int32_t *items                  # pairs [owner, partner << 1 | 1 to add it, 0 to drop it]
+cdef enum EditKind:
+    EDIT_DROP                       # take the partner out of the list
+    EDIT_ADD                        # put it in, not touching
+    EDIT_FLIP                       # flip its pair's touching bit
+    EDIT_FLIP_AT                    # flip the bit of the entry at `value` (its place is known)
+
+
+ctypedef struct Edit:               # a change to one partner list, for the thread that holds it: 12 bytes
+    int32_t owner                   # 4: whose list
+    int32_t value                   # 4: the partner it concerns (EDIT_FLIP_AT: the entry's place)
+    int32_t kind                    # 4: an EditKind
+
+
+ctypedef struct Edits:              # a growing array of edits, one thread's
+    Edit *items
     int64_t count
     int64_t capacity
 
@@ -122,8 +135,8 @@ ctypedef struct RefreshJob:
     int64_t room                    # entries the lists may gain before the refresh stops; -1: no limit
     int64_t gained                  # what the threads have added of their gains (add_fetch)
     unsigned char *merged           # per refat proxy: 1 once its list holds its partners
-    Mirrors *mirrors                # one a thread: changes to lists of proxies that kept their fat boxes...
-    Mirrors *pending                # ...and, under a limit, to those of refreshed ones, for after a stop
+    Edits *mirrors                  # one a thread: changes to lists of proxies that kept their fat boxes...
+    Edits *pending                  # ...and, under a limit, to those of refreshed ones, for after a stop
     Refreshed *done                 # one a thread, kept in its locals while it works (see find_worker)
     Refreshed *fixes                # one a part: the counts of the pending changes it made
     int workers
@@ -132,24 +145,52 @@ ctypedef struct RefreshJob:
     dbvt_counter stopped
 
 
-cdef int mirror_push(Mirrors *mirrors, int32_t owner, int32_t change) noexcept nogil:
+cdef int edit_push(Edits *edits, int32_t owner, int32_t value, int32_t kind) noexcept nogil:
     cdef int64_t capacity
-    cdef int32_t *grown
-    if mirrors.count == mirrors.capacity:
-        capacity = max(<int64_t>256, 2 * mirrors.capacity)
-        grown = <int32_t *>realloc(mirrors.items, 2 * capacity * sizeof(int32_t))
+    cdef Edit *grown
+    if edits.count == edits.capacity:
+        capacity = max(<int64_t>256, 2 * edits.capacity)
+        grown = <Edit *>realloc(edits.items, capacity * sizeof(Edit))
         if grown == NULL:
             return -1
-        mirrors.items = grown
-        mirrors.capacity = capacity
-    mirrors.items[2 * mirrors.count] = owner
-    mirrors.items[2 * mirrors.count + 1] = change
-    mirrors.count += 1
+        edits.items = grown
+        edits.capacity = capacity
+    edits.items[edits.count].owner = owner
+    edits.items[edits.count].value = value
+    edits.items[edits.count].kind = kind
+    edits.count += 1
     return 0
 
 
-cdef int merge_own(const TreeCore *t, Partners *partners, int32_t proxy, Hits *hits, Mirrors *mirrors,
-                   Mirrors *pending, Refreshed *done, int64_t *gain) noexcept nogil:
+cdef int make_edits(Partners *partners, const Edits *edits) noexcept nogil:
+    """Make each edit in turn (no sensor's list among them): the lists are far apart and mostly out of
+    cache, so a list's header, then its entries, are fetched ahead."""
+    cdef const Partners *ahead
+    cdef Partners *p
+    cdef const Edit *edit
+    cdef int64_t k
+    for k in range(edits.count):
+        if k + 2 * PREFETCH_AHEAD < edits.count:
+            prefetch(&partners[edits.items[k + 2 * PREFETCH_AHEAD].owner])
+        if k + PREFETCH_AHEAD < edits.count:
+            ahead = &partners[edits.items[k + PREFETCH_AHEAD].owner]
+            prefetch(items_of(ahead) + ahead.count // 2)
+        edit = &edits.items[k]
+        p = &partners[edit.owner]
+        if edit.kind == EDIT_DROP:
+            partners_erase(p, edit.value, False)
+        elif edit.kind == EDIT_ADD:
+            if partners_insert(p, edit.value, False) != 0:
+                return -1
+        elif edit.kind == EDIT_FLIP:
+            partners_find(p, edit.value)[0] ^= TOUCHING
+        else:
+            items_of(p)[edit.value] ^= TOUCHING
+    return 0
+
+
+cdef int merge_own(const TreeCore *t, Partners *partners, int32_t proxy, Hits *hits, Edits *mirrors,
+                   Edits *pending, Refreshed *done, int64_t *gain) noexcept nogil:
     """_broadphase's _merge_partners for a world without sensors, writing `proxy`'s list alone.
     Partners are symmetric (both fat boxes overlap, both filters pass), so a refreshed partner merges
     its own list to agree with this one, and a pair of two refreshed proxies that parted while
@@ -168,12 +209,12 @@ cdef int merge_own(const TreeCore *t, Partners *partners, int32_t proxy, Hits *h
             other = items[i] >> 1
             refreshed = (t.proxies[other].flags & PROXY_REFAT) != 0
             if not refreshed:
-                if mirror_push(mirrors, other, proxy << 1) != 0:
+                if edit_push(mirrors, other, proxy, EDIT_DROP) != 0:
                     return -1
                 done.listed -= 1
             else:
                 gain[0] += 1 if proxy > other else -1
-                if pending != NULL and mirror_push(pending, other, proxy << 1) != 0:
+                if pending != NULL and edit_push(pending, other, proxy, EDIT_DROP) != 0:
                     return -1
             if (items[i] & TOUCHING) and (proxy < other or not refreshed):
                 if pairs_push(&done.ended, t.proxies[proxy].id, t.proxies[other].id) != 0:
@@ -183,12 +224,12 @@ cdef int merge_own(const TreeCore *t, Partners *partners, int32_t proxy, Hits *h
         elif i == mine.count or hits.proxies[j] < (items[i] >> 1):
             other = hits.proxies[j]
             if not (t.proxies[other].flags & PROXY_REFAT):
-                if mirror_push(mirrors, other, (proxy << 1) | 1) != 0:
+                if edit_push(mirrors, other, proxy, EDIT_ADD) != 0:
                     return -1
                 done.listed += 1
             else:
                 gain[0] += 1 if proxy < other else -1
-                if pending != NULL and mirror_push(pending, other, (proxy << 1) | 1) != 0:
+                if pending != NULL and edit_push(pending, other, proxy, EDIT_ADD) != 0:
                     return -1
             hits.proxies[j] = other << 1
             j += 1
@@ -212,15 +253,15 @@ cdef void refresh_worker(void *context, int worker) noexcept nogil:
     cdef RefreshJob *job = <RefreshJob *>context
     cdef Stack stack
     cdef Hits hits
-    cdef Mirrors mirrors
-    cdef Mirrors pending
+    cdef Edits mirrors
+    cdef Edits pending
     cdef Refreshed done
     cdef int64_t start, end, i, before, unpublished = 0, gain = 0
     cdef int32_t proxy
     memset(&stack, 0, sizeof(Stack))
     memset(&hits, 0, sizeof(Hits))
-    memset(&mirrors, 0, sizeof(Mirrors))
-    memset(&pending, 0, sizeof(Mirrors))
+    memset(&mirrors, 0, sizeof(Edits))
+    memset(&pending, 0, sizeof(Edits))
     memset(&done, 0, sizeof(Refreshed))
     while not counter_get(&job.failed) and not counter_get(&job.stopped):
         start = <int64_t>counter_take(&job.next) * FIND_CHUNK
@@ -271,26 +312,33 @@ cdef inline int32_t part_start(const TreeCore *t, int part, int parts) noexcept 
     return <int32_t>(<int64_t>t.proxy_capacity * part // parts)
 
 
-cdef int make_pending(RefreshJob *job, const Mirrors *pending, int32_t lo, int32_t hi, Refreshed *fix) noexcept nogil:
+cdef int gather(Edits *into, const Edits *edits, int32_t lo, int32_t hi) noexcept nogil:
+    """Append the edits to lists in [lo, hi)."""
+    cdef int64_t k
+    for k in range(edits.count):
+        if lo <= edits.items[k].owner < hi and edit_push(into, edits.items[k].owner, edits.items[k].value,
+                                                         edits.items[k].kind) != 0:
+            return -1
+    return 0
+
+
+cdef int make_pending(RefreshJob *job, const Edits *pending, int32_t lo, int32_t hi, Refreshed *fix) noexcept nogil:
     """After a stop: the changes merged proxies made to pairs with refreshed proxies whose turn never
     came, on the latter's side. A touching pair the merged side left to the lower proxy ends here."""
+    cdef const Edit *edit
     cdef int64_t k
-    cdef int32_t owner, partner
-    cdef int32_t *entry
     for k in range(pending.count):
-        owner = pending.items[2 * k]
-        if owner < lo or owner >= hi or job.merged[first_at_least(job.refat, job.n, owner)]:
+        edit = &pending.items[k]
+        if edit.owner < lo or edit.owner >= hi or job.merged[first_at_least(job.refat, job.n, edit.owner)]:
             continue
-        partner = pending.items[2 * k + 1] >> 1
-        if pending.items[2 * k + 1] & 1:
-            if partners_insert(&job.partners[owner], partner, False) != 0:
+        if edit.kind == EDIT_ADD:
+            if partners_insert(&job.partners[edit.owner], edit.value, False) != 0:
                 return -1
             fix.listed += 1
             continue
-        entry = partners_find(&job.partners[owner], partner)
-        if (entry[0] & TOUCHING) and partner > owner:
+        if (partners_find(&job.partners[edit.owner], edit.value)[0] & TOUCHING) and edit.value > edit.owner:
             fix.touching -= 1
-        partners_erase(&job.partners[owner], partner, False)
+        partners_erase(&job.partners[edit.owner], edit.value, False)
         fix.listed -= 1
     return 0
 
@@ -300,25 +348,22 @@ cdef void mirror_part(void *context, int part) noexcept nogil:
     noted for their lists, and the end of their own refresh (PROXY_REFAT cleared)."""
     cdef RefreshJob *job = <RefreshJob *>context
     cdef int32_t lo = part_start(job.t, part, job.workers), hi = part_start(job.t, part + 1, job.workers)
-    cdef const Mirrors *mirrors
-    cdef int32_t owner, change
-    cdef int64_t k, i
-    cdef int w
+    cdef Edits mine
+    cdef int64_t i
+    cdef int w, status = 0
+    memset(&mine, 0, sizeof(Edits))
     for w in range(job.workers):
-        mirrors = &job.mirrors[w]
-        for k in range(mirrors.count):
-            owner = mirrors.items[2 * k]
-            if owner < lo or owner >= hi:
-                continue
-            change = mirrors.items[2 * k + 1]
-            if not (change & 1):
-                partners_erase(&job.partners[owner], change >> 1, False)
-            elif partners_insert(&job.partners[owner], change >> 1, False) != 0:
-                counter_set(&job.failed, 1)
-                return
-        if counter_get(&job.stopped) and make_pending(job, &job.pending[w], lo, hi, &job.fixes[part]) != 0:
-            counter_set(&job.failed, 1)
-            return
+        if status == 0:
+            status = gather(&mine, &job.mirrors[w], lo, hi)
+    if status == 0:
+        status = make_edits(job.partners, &mine)
+    free(mine.items)
+    for w in range(job.workers if counter_get(&job.stopped) else 0):
+        if status == 0:
+            status = make_pending(job, &job.pending[w], lo, hi, &job.fixes[part])
+    if status != 0:
+        counter_set(&job.failed, 1)
+        return
     for i in range(first_at_least(job.refat, job.n, lo), job.n):
         if job.refat[i] >= hi:
             break
@@ -348,8 +393,8 @@ cdef int refresh_all(TreeCore *t, const Finder *f, Partners *partners, const int
     job.room = room
     job.workers = <int>max(1, min(<int64_t>threads, n // FIND_CHUNK))
     job.merged = <unsigned char *>calloc(max(n, 1), sizeof(unsigned char))
-    job.mirrors = <Mirrors *>calloc(job.workers, sizeof(Mirrors))
-    job.pending = <Mirrors *>calloc(job.workers, sizeof(Mirrors))
+    job.mirrors = <Edits *>calloc(job.workers, sizeof(Edits))
+    job.pending = <Edits *>calloc(job.workers, sizeof(Edits))
     job.done = <Refreshed *>calloc(job.workers, sizeof(Refreshed))
     job.fixes = <Refreshed *>calloc(job.workers, sizeof(Refreshed))
     counter_set(&job.next, 0)
@@ -512,22 +557,48 @@ ctypedef struct FlipJob:
     int parts
 
 
+cdef void flip_soon(Edits *edits, Partners *partners, int32_t owner, int32_t value, int32_t kind) noexcept nogil:
+    """Note a flip for make_edits in the room set aside for it, or, when there was no memory for that
+    room, make it now."""
+    cdef Edit edit
+    cdef Edits one
+    if edits.count < edits.capacity:
+        edit_push(edits, owner, value, kind)        # within its capacity: cannot fail
+        return
+    edit.owner = owner
+    edit.value = value
+    edit.kind = kind
+    one.items = &edit
+    one.count = one.capacity = 1
+    make_edits(partners, &one)
+
+
 cdef void flip_part(void *context, int part) noexcept nogil:
     """The flips retest_all found, on the lists of one range of proxy slots: each side of a pair is
     flipped by the thread that holds its list. Then the part's moved proxies are re-tested
-    (PROXY_MOVED cleared)."""
+    (PROXY_MOVED cleared). Nothing here can fail: flips need no memory."""
     cdef FlipJob *job = <FlipJob *>context
     cdef int32_t lo = part_start(job.t, part, job.parts), hi = part_start(job.t, part + 1, job.parts)
     cdef const Retest *change
-    cdef int64_t r, i
+    cdef Edits mine
+    cdef int64_t r, i, count = 0
     cdef int w
     for w in range(job.found.workers):
         for r in range(job.found.found_count[w]):
             change = &job.found.found[w][r]
+            count += (lo <= change.proxy < hi) + (lo <= change.other < hi)
+    mine.items = <Edit *>malloc(max(count, 1) * sizeof(Edit))
+    mine.count = 0
+    mine.capacity = count if mine.items != NULL else 0
+    for w in range(job.found.workers):
+        for r in range(job.found.found_count[w]):
+            change = &job.found.found[w][r]
             if lo <= change.proxy < hi:
-                items_of(&job.partners[change.proxy])[change.entry] ^= TOUCHING
+                flip_soon(&mine, job.partners, change.proxy, change.entry, EDIT_FLIP_AT)
             if lo <= change.other < hi:
-                partners_find(&job.partners[change.other], change.proxy)[0] ^= TOUCHING
+                flip_soon(&mine, job.partners, change.other, change.proxy, EDIT_FLIP)
+    make_edits(job.partners, &mine)
+    free(mine.items)
     for i in range(first_at_least(job.moved, job.n, lo), job.n):
         if job.moved[i] >= hi:
             break

@@ -6,7 +6,7 @@ from dbvt._core cimport PairBuffer, TreeCore
 
 
 cdef object pair_array(PairBuffer *buffer)
-cdef object proxy_order(const int32_t[::1] proxies, int32_t capacity)
+cdef object proxy_order(const int32_t[::1] proxies, int32_t capacity, int threads)
 
 
 cdef class TreeBase:
