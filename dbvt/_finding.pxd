@@ -124,13 +124,13 @@ ctypedef struct Retests:            # what retest_all found: each chunk's change
     int64_t *chunk_count            # ...how many...
     int32_t *chunk_worker           # ...and whose buffer holds them
     int64_t chunks
-    PairBuffer *begun               # a thread, when asked: the pairs of its flips, as they begin...
+    PairBuffer *begun               # a thread, with `flip`: the pairs of its flips, as they begin...
     PairBuffer *ended               # ...and end
     int workers
 
 
-cdef int retest_all(const TreeCore *t, const Partners *partners, const int32_t *moved, int64_t n, int threads,
-                    bint pairs, Retests *out) noexcept nogil
+cdef int retest_all(const TreeCore *t, Partners *partners, const int32_t *moved, int64_t n, int threads,
+                    bint flip, Retests *out) noexcept nogil
 cdef void flip_all(TreeCore *t, Partners *partners, const Retests *found, const int32_t *moved,
                    int64_t n) noexcept nogil
 cdef void retests_free(Retests *retests) noexcept nogil

@@ -111,12 +111,11 @@ cdef enum EditKind:
     EDIT_DROP                       # take the partner out of the list
     EDIT_ADD                        # put it in, not touching
     EDIT_FLIP                       # flip its pair's touching bit
-    EDIT_FLIP_AT                    # flip the bit of the entry at `value` (its place is known)
 
 
 ctypedef struct Edit:               # a change to one partner list, for the thread that holds it: 12 bytes
     int32_t owner                   # 4: whose list
-    int32_t value                   # 4: the partner it concerns (EDIT_FLIP_AT: the entry's place)
+    int32_t value                   # 4: the partner it concerns
     int32_t kind                    # 4: an EditKind
 
 
@@ -182,10 +181,8 @@ cdef int make_edits(Partners *partners, const Edits *edits) noexcept nogil:
         elif edit.kind == EDIT_ADD:
             if partners_insert(p, edit.value, False) != 0:
                 return -1
-        elif edit.kind == EDIT_FLIP:
-            partners_find(p, edit.value)[0] ^= TOUCHING
         else:
-            items_of(p)[edit.value] ^= TOUCHING
+            partners_find(p, edit.value)[0] ^= TOUCHING
     return 0
 
 
@@ -425,10 +422,10 @@ cdef int refresh_all(TreeCore *t, const Finder *f, Partners *partners, const int
 
 ctypedef struct RetestJob:
     const TreeCore *t
-    const Partners *partners
+    Partners *partners
     const int32_t *moved
     int64_t n
-    bint pairs                      # push each flip's pair too
+    bint flip                       # make each flip's own side, and push its pair
     Retests *out
     dbvt_counter next
     dbvt_counter failed
@@ -466,7 +463,7 @@ cdef int retest_one(const RetestJob *job, Changes *changes, int32_t proxy) noexc
     decided its own pairs already (PROXY_SEEN)."""
     cdef const TreeCore *t = job.t
     cdef const Partners *mine = &job.partners[proxy]
-    cdef const int32_t *items = items_of(mine)
+    cdef int32_t *items = items_of(mine)
     cdef int32_t k, other
     cdef uint32_t flags
     cdef bint now
@@ -486,9 +483,11 @@ cdef int retest_one(const RetestJob *job, Changes *changes, int32_t proxy) noexc
             continue
         if change_push(changes, proxy, k, other, 0) != 0:
             return -1
-        if job.pairs and pairs_push(&changes.begun if now else &changes.ended, t.proxies[proxy].id,
-                                    t.proxies[other].id) != 0:
-            return -1
+        if job.flip:
+            # No other thread reads this list meanwhile: its proxy is this thread's alone.
+            items[k] ^= TOUCHING
+            if pairs_push(&changes.begun if now else &changes.ended, t.proxies[proxy].id, t.proxies[other].id) != 0:
+                return -1
     return 0
 
 
@@ -518,11 +517,12 @@ cdef void retest_worker(void *context, int worker) noexcept nogil:
     out.ended[worker] = changes.ended
 
 
-cdef int retest_all(const TreeCore *t, const Partners *partners, const int32_t *moved, int64_t n, int threads,
-                    bint pairs, Retests *out) noexcept nogil:
+cdef int retest_all(const TreeCore *t, Partners *partners, const int32_t *moved, int64_t n, int threads,
+                    bint flip, Retests *out) noexcept nogil:
     """Stage 2's changes for `moved` (live proxies that are no sensors, ascending, each once) into `out`
-    (empty), chunk by chunk: flips and sensors' pairs to re-test, in the order one thread meets them;
-    with `pairs`, each thread's flips' pairs too, begun and ended."""
+    (empty), chunk by chunk: flips and sensors' pairs to re-test, in the order one thread meets them.
+    With `flip` (a world without sensors), each flip is made at once on the moved proxy's side, and
+    its pair pushed to the thread's begun or ended; flip_all makes the partners' sides."""
     cdef RetestJob job
     out.chunks = (n + FIND_CHUNK - 1) // FIND_CHUNK
     out.workers = <int>max(1, min(<int64_t>threads, out.chunks))
@@ -540,7 +540,7 @@ cdef int retest_all(const TreeCore *t, const Partners *partners, const int32_t *
     job.partners = partners
     job.moved = moved
     job.n = n
-    job.pairs = pairs
+    job.flip = flip
     job.out = out
     counter_set(&job.next, 0)
     counter_set(&job.failed, 0)
@@ -557,26 +557,26 @@ ctypedef struct FlipJob:
     int parts
 
 
-cdef void flip_soon(Edits *edits, Partners *partners, int32_t owner, int32_t value, int32_t kind) noexcept nogil:
+cdef void flip_soon(Edits *edits, Partners *partners, int32_t owner, int32_t partner) noexcept nogil:
     """Note a flip for make_edits in the room set aside for it, or, when there was no memory for that
     room, make it now."""
     cdef Edit edit
     cdef Edits one
     if edits.count < edits.capacity:
-        edit_push(edits, owner, value, kind)        # within its capacity: cannot fail
+        edit_push(edits, owner, partner, EDIT_FLIP)     # within its capacity: cannot fail
         return
     edit.owner = owner
-    edit.value = value
-    edit.kind = kind
+    edit.value = partner
+    edit.kind = EDIT_FLIP
     one.items = &edit
     one.count = one.capacity = 1
     make_edits(partners, &one)
 
 
 cdef void flip_part(void *context, int part) noexcept nogil:
-    """The flips retest_all found, on the lists of one range of proxy slots: each side of a pair is
-    flipped by the thread that holds its list. Then the part's moved proxies are re-tested
-    (PROXY_MOVED cleared). Nothing here can fail: flips need no memory."""
+    """The partners' sides of the flips retest_all made, on the lists of one range of proxy slots, by
+    the thread that holds them. Then the part's moved proxies are re-tested (PROXY_MOVED cleared).
+    Nothing here can fail: flips need no memory."""
     cdef FlipJob *job = <FlipJob *>context
     cdef int32_t lo = part_start(job.t, part, job.parts), hi = part_start(job.t, part + 1, job.parts)
     cdef const Retest *change
@@ -586,17 +586,15 @@ cdef void flip_part(void *context, int part) noexcept nogil:
     for w in range(job.found.workers):
         for r in range(job.found.found_count[w]):
             change = &job.found.found[w][r]
-            count += (lo <= change.proxy < hi) + (lo <= change.other < hi)
+            count += lo <= change.other < hi
     mine.items = <Edit *>malloc(max(count, 1) * sizeof(Edit))
     mine.count = 0
     mine.capacity = count if mine.items != NULL else 0
     for w in range(job.found.workers):
         for r in range(job.found.found_count[w]):
             change = &job.found.found[w][r]
-            if lo <= change.proxy < hi:
-                flip_soon(&mine, job.partners, change.proxy, change.entry, EDIT_FLIP_AT)
             if lo <= change.other < hi:
-                flip_soon(&mine, job.partners, change.other, change.proxy, EDIT_FLIP)
+                flip_soon(&mine, job.partners, change.other, change.proxy)
     make_edits(job.partners, &mine)
     free(mine.items)
     for i in range(first_at_least(job.moved, job.n, lo), job.n):
@@ -607,8 +605,8 @@ cdef void flip_part(void *context, int part) noexcept nogil:
 
 cdef void flip_all(TreeCore *t, Partners *partners, const Retests *found, const int32_t *moved,
                    int64_t n) noexcept nogil:
-    """Make the flips of a retest_all for `moved` in a world without sensors (so no pair to visit),
-    on as many threads as found them."""
+    """Make the partners' sides of the flips of a retest_all with `flip` for `moved`, on as many threads
+    as found them."""
     cdef FlipJob job
     job.t = t
     job.partners = partners
