@@ -35,8 +35,8 @@ from dbvt._core cimport (
     stack_free, walk,
 )
 from dbvt._finding cimport (
-    FAT_LIMIT, FIND_ON_THREADS_FROM, UNCHANGED, Finder, Found, Refreshed, Retest, Retests, find_all, find_partners,
-    flip_all, found_free, reach_allows, refresh_all, retest_all, retests_free,
+    FAT_LIMIT, FIND_ON_THREADS_FROM, NOT_FOUND, UNCHANGED, Finder, Found, Refreshed, Retest, Retests, find_all,
+    find_partners, flip_all, found_free, reach_allows, refresh_all, retest_all, retests_free,
 )
 from dbvt._parallel cimport run_parts
 from dbvt._partners cimport (
@@ -767,7 +767,7 @@ cdef class Broadphase(TreeBase):
         finding reads only what merging leaves alone (the tree, the filters, the grid), so the lists
         come out the same."""
         cdef int32_t *refat = <int32_t *>malloc(max(self.moved_count, 1) * sizeof(int32_t))
-        cdef int64_t n = 0, m
+        cdef int64_t n = 0, m, room
         cdef int status = 0
         cdef const Hits *source
         cdef Hits view
@@ -782,9 +782,9 @@ cdef class Broadphase(TreeBase):
                     and (n == 0 or refat[n - 1] != self.moved[m])):
                 refat[n] = self.moved[m]
                 n += 1
+        room = max(0, self.listed_limit - self.listed) if self.listed_limit >= 0 else -1
         if self.sensor_count == 0 and n >= FIND_ON_THREADS_FROM:
-            status = refresh_all(&self.core, finder, self.partners, refat, n, self.threads,
-                                 max(0, self.listed_limit - self.listed) if self.listed_limit >= 0 else -1, &refreshed)
+            status = refresh_all(&self.core, finder, self.partners, refat, n, self.threads, room, &refreshed)
             self.listed += refreshed.listed
             self.touching += refreshed.touching
             if status == 0:
@@ -794,9 +794,13 @@ cdef class Broadphase(TreeBase):
             if status == 0 and 0 <= self.listed_limit < self.listed:
                 return FAT_LIMIT
             return status
-        status = find_all(finder, self.partners, refat, n, self.threads if n >= FIND_ON_THREADS_FROM else 1, &found)
+        status = find_all(finder, self.partners, refat, n, self.threads if n >= FIND_ON_THREADS_FROM else 1, room,
+                          &found)
         for m in range(n):
             if status != 0:
+                break
+            if found.count[m] == NOT_FOUND:
+                status = FAT_LIMIT      # the threads stopped finding: the rest keep their flag
                 break
             if found.count[m] == UNCHANGED:
                 # What _merge_partners does with the list it holds already.

@@ -18,7 +18,8 @@ from dbvt._sensors cimport SensorIndex, ball_touches, index_find, reach_ball, wi
 cdef enum:
     FIND_CHUNK = 64                 # proxies a thread takes at a time
     FIND_ON_THREADS_FROM = 512      # for fewer proxies than this, the calling thread finds alone
-    UNCHANGED = -1                  # Found.count of a proxy whose list holds its partners already
+    UNCHANGED = -1                  # Found.count of a proxy whose list holds its partners already...
+    NOT_FOUND = -2                  # ...and of one whose partners were not found: the threads stopped
     FAT_LIMIT = 2                   # a status: update(max_fat_pairs=...) stopped at its limit
 
 
@@ -32,7 +33,7 @@ ctypedef struct Finder:             # what finding partners reads, and nothing w
 ctypedef struct Found:              # the partners find_all found, a Hits a thread
     Hits *hits                      # one a thread
     int64_t *first                  # per proxy: where its partners start in its thread's hits...
-    int32_t *count                  # ...how many they are (UNCHANGED: as its list holds them)...
+    int32_t *count                  # ...how many they are (UNCHANGED: as its list holds them; NOT_FOUND)...
     int32_t *worker                 # ...and which thread's hits hold them
     int workers
 
@@ -97,7 +98,7 @@ cdef inline int find_partners(const Finder *f, int32_t proxy, Stack *stack, Hits
 
 
 cdef int find_all(const Finder *f, const Partners *partners, const int32_t *proxies, int64_t n, int threads,
-                  Found *out) noexcept nogil
+                  int64_t room, Found *out) noexcept nogil
 cdef void found_free(Found *found) noexcept nogil
 
 

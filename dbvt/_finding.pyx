@@ -15,12 +15,63 @@ from dbvt._partners cimport (
 )
 
 
+cdef enum:
+    # Under a limit, a thread adds what its lists would gain to the shared count once it is this many
+    # entries (or its chunk ends): a pile of boxes on one spot stops within a few lists of the limit.
+    PUBLISH_EVERY = 4096
+
+
+ctypedef struct Limit:              # update(max_fat_pairs=...) on threads: what the lists may still gain
+    int64_t room                    # entries; -1: no limit
+    int64_t gained                  # what the threads have added of their gains (add_fetch)
+    dbvt_counter stopped            # set once `gained` passed `room`: every thread stops
+
+
+cdef inline bint past_limit(Limit *limit, int64_t *tally, int64_t gain, bint chunk_end) noexcept nogil:
+    """Add a proxy's gain to a thread's own tally, and the tally to the shared count every
+    PUBLISH_EVERY entries and at the end of a chunk; whether the threads must stop."""
+    tally[0] += gain
+    if tally[0] >= PUBLISH_EVERY or chunk_end:
+        if add_fetch(&limit.gained, tally[0]) > limit.room:
+            counter_set(&limit.stopped, 1)
+        tally[0] = 0
+    return counter_get(&limit.stopped)
+
+
+cdef inline int side_gain(const TreeCore *t, int32_t proxy, int32_t other) noexcept nogil:
+    """The entries a new pair adds to the lists: both sides, but a pair of two refreshed proxies is
+    counted once, at the lower of the two."""
+    if not (t.proxies[other].flags & PROXY_REFAT) or proxy < other:
+        return 2
+    return 0
+
+
+cdef int64_t list_gain(const TreeCore *t, const Partners *p, int32_t proxy, const int32_t *found,
+                       int64_t count) noexcept nogil:
+    """What merging the partners found for `proxy` (sorted) would add to all lists' entries, with
+    side_gain's count: summed over the refreshed proxies, the lists' gain once all are merged."""
+    cdef const int32_t *items = items_of(p)
+    cdef int64_t i = 0, j = 0, gain = 0
+    while i < p.count or j < count:
+        if j == count or (i < p.count and (items[i] >> 1) < found[j]):
+            gain -= side_gain(t, proxy, items[i] >> 1)
+            i += 1
+        elif i == p.count or found[j] < (items[i] >> 1):
+            gain += side_gain(t, proxy, found[j])
+            j += 1
+        else:
+            i += 1
+            j += 1
+    return gain
+
+
 ctypedef struct FindJob:
     const Finder *f
     const Partners *partners        # the lists, to tell which found the partners they hold
     const int32_t *proxies
     int64_t n
     Found *out
+    Limit limit
     dbvt_counter next               # the next chunk to take
     dbvt_counter failed
 
@@ -43,22 +94,28 @@ cdef void find_worker(void *context, int worker) noexcept nogil:
     cdef FindJob *job = <FindJob *>context
     cdef Stack stack
     cdef Hits hits
-    cdef int64_t start, i
+    cdef int64_t start, end, i, tally = 0
+    cdef const Partners *mine
     memset(&stack, 0, sizeof(Stack))
     memset(&hits, 0, sizeof(Hits))
-    while not counter_get(&job.failed):
+    while not counter_get(&job.failed) and not counter_get(&job.limit.stopped):
         start = <int64_t>counter_take(&job.next) * FIND_CHUNK
         if start >= job.n:
             break
-        for i in range(start, min(start + FIND_CHUNK, job.n)):
+        end = min(start + FIND_CHUNK, job.n)
+        for i in range(start, end):
             job.out.first[i] = hits.count
             job.out.worker[i] = worker
             if find_partners(job.f, job.proxies[i], &stack, &hits) != 0:
                 counter_set(&job.failed, 1)
                 break
+            mine = &job.partners[job.proxies[i]]
             job.out.count[i] = <int32_t>(hits.count - job.out.first[i])
+            if job.limit.room >= 0 and past_limit(&job.limit, &tally, list_gain(
+                    job.f.t, mine, job.proxies[i], hits.proxies + job.out.first[i], job.out.count[i]), i + 1 == end):
+                break
             # In a dense scene most refreshed lists come out as they were: the merge can skip them.
-            if same_partners(&job.partners[job.proxies[i]], hits.proxies + job.out.first[i], job.out.count[i]):
+            if same_partners(mine, hits.proxies + job.out.first[i], job.out.count[i]):
                 hits.count = job.out.first[i]
                 job.out.count[i] = UNCHANGED
     stack_free(&stack)
@@ -66,11 +123,14 @@ cdef void find_worker(void *context, int worker) noexcept nogil:
 
 
 cdef int find_all(const Finder *f, const Partners *partners, const int32_t *proxies, int64_t n, int threads,
-                  Found *out) noexcept nogil:
+                  int64_t room, Found *out) noexcept nogil:
     """The partners of each of `proxies` into `out` (empty), on up to `threads` threads, in chunks of
     FIND_CHUNK proxies that the threads take in turn (a thread slowed by other work takes fewer); a
-    proxy whose list holds them already gets the count UNCHANGED, and no partners."""
+    proxy whose list holds them already gets the count UNCHANGED, and no partners. With `room` (not
+    -1), the threads stop once merging what they found would add more entries than that to the
+    lists: the proxies left get the count NOT_FOUND."""
     cdef FindJob job
+    cdef int64_t i
     out.workers = <int>max(1, min(<int64_t>threads, n // FIND_CHUNK))
     out.hits = <Hits *>calloc(out.workers, sizeof(Hits))
     out.first = <int64_t *>malloc(max(n, 1) * sizeof(int64_t))
@@ -78,11 +138,16 @@ cdef int find_all(const Finder *f, const Partners *partners, const int32_t *prox
     out.worker = <int32_t *>malloc(max(n, 1) * sizeof(int32_t))
     if out.hits == NULL or out.first == NULL or out.count == NULL or out.worker == NULL:
         return -1
+    for i in range(n):
+        out.count[i] = NOT_FOUND
     job.f = f
     job.partners = partners
     job.proxies = proxies
     job.n = n
     job.out = out
+    job.limit.room = room
+    job.limit.gained = 0
+    counter_set(&job.limit.stopped, 0)
     counter_set(&job.next, 0)
     counter_set(&job.failed, 0)
     run_parts(find_worker, &job, out.workers)
@@ -99,12 +164,6 @@ cdef void found_free(Found *found) noexcept nogil:
     free(found.count)
     free(found.worker)
     memset(found, 0, sizeof(Found))
-
-
-cdef enum:
-    # Under a limit, a thread adds what its lists gained to the shared count once it is this many
-    # entries (or its chunk ends): a pile of boxes on one spot stops within a few lists of the limit.
-    PUBLISH_EVERY = 4096
 
 
 cdef enum EditKind:
@@ -131,8 +190,7 @@ ctypedef struct RefreshJob:
     Partners *partners
     const int32_t *refat            # ascending, each once, all flagged PROXY_REFAT
     int64_t n
-    int64_t room                    # entries the lists may gain before the refresh stops; -1: no limit
-    int64_t gained                  # what the threads have added of their gains (add_fetch)
+    Limit limit
     unsigned char *merged           # per refat proxy: 1 once its list holds its partners
     Edits *mirrors                  # one a thread: changes to lists of proxies that kept their fat boxes...
     Edits *pending                  # ...and, under a limit, to those of refreshed ones, for after a stop
@@ -253,14 +311,14 @@ cdef void refresh_worker(void *context, int worker) noexcept nogil:
     cdef Edits mirrors
     cdef Edits pending
     cdef Refreshed done
-    cdef int64_t start, end, i, before, unpublished = 0, gain = 0
+    cdef int64_t start, end, i, before, tally = 0, gain = 0
     cdef int32_t proxy
     memset(&stack, 0, sizeof(Stack))
     memset(&hits, 0, sizeof(Hits))
     memset(&mirrors, 0, sizeof(Edits))
     memset(&pending, 0, sizeof(Edits))
     memset(&done, 0, sizeof(Refreshed))
-    while not counter_get(&job.failed) and not counter_get(&job.stopped):
+    while not counter_get(&job.failed) and not counter_get(&job.limit.stopped):
         start = <int64_t>counter_take(&job.next) * FIND_CHUNK
         if start >= job.n:
             break
@@ -272,20 +330,13 @@ cdef void refresh_worker(void *context, int worker) noexcept nogil:
             if find_partners(job.f, proxy, &stack, &hits) != 0 or (
                     not same_partners(&job.partners[proxy], hits.proxies, hits.count)
                     and merge_own(job.t, job.partners, proxy, &hits, &mirrors,
-                                  &pending if job.room >= 0 else NULL, &done, &gain) != 0):
+                                  &pending if job.limit.room >= 0 else NULL, &done, &gain) != 0):
                 counter_set(&job.failed, 1)
                 break
             job.merged[i] = 1
-            if job.room < 0:
-                continue
-            unpublished += done.listed - before + gain
-            gain = 0
-            if unpublished >= PUBLISH_EVERY or i + 1 == end:
-                if add_fetch(&job.gained, unpublished) > job.room:
-                    counter_set(&job.stopped, 1)
-                unpublished = 0
-            if counter_get(&job.stopped):
+            if job.limit.room >= 0 and past_limit(&job.limit, &tally, done.listed - before + gain, i + 1 == end):
                 break
+            gain = 0
     stack_free(&stack)
     hits_free(&hits)
     job.mirrors[worker] = mirrors
@@ -355,7 +406,7 @@ cdef void mirror_part(void *context, int part) noexcept nogil:
     if status == 0:
         status = make_edits(job.partners, &mine)
     free(mine.items)
-    for w in range(job.workers if counter_get(&job.stopped) else 0):
+    for w in range(job.workers if counter_get(&job.limit.stopped) else 0):
         if status == 0:
             status = make_pending(job, &job.pending[w], lo, hi, &job.fixes[part])
     if status != 0:
@@ -387,7 +438,7 @@ cdef int refresh_all(TreeCore *t, const Finder *f, Partners *partners, const int
     job.partners = partners
     job.refat = refat
     job.n = n
-    job.room = room
+    job.limit.room = room
     job.workers = <int>max(1, min(<int64_t>threads, n // FIND_CHUNK))
     job.merged = <unsigned char *>calloc(max(n, 1), sizeof(unsigned char))
     job.mirrors = <Edits *>calloc(job.workers, sizeof(Edits))
@@ -396,14 +447,14 @@ cdef int refresh_all(TreeCore *t, const Finder *f, Partners *partners, const int
     job.fixes = <Refreshed *>calloc(job.workers, sizeof(Refreshed))
     counter_set(&job.next, 0)
     counter_set(&job.failed, 0)
-    counter_set(&job.stopped, 0)
+    counter_set(&job.limit.stopped, 0)
     if job.merged == NULL or job.mirrors == NULL or job.pending == NULL or job.done == NULL or job.fixes == NULL:
         status = -1
     else:
         run_parts(refresh_worker, &job, job.workers)
         if not counter_get(&job.failed):
             run_parts(mirror_part, &job, job.workers)
-        status = -1 if counter_get(&job.failed) else FAT_LIMIT if counter_get(&job.stopped) else 0
+        status = -1 if counter_get(&job.failed) else FAT_LIMIT if counter_get(&job.limit.stopped) else 0
         for w in range(job.workers):
             out.listed += job.done[w].listed + job.fixes[w].listed
             out.touching += job.done[w].touching + job.fixes[w].touching

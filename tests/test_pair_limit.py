@@ -2,6 +2,10 @@
 pile of boxes would take, and the world is exactly as it was, through the server and in-process."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -53,19 +57,57 @@ def test_a_batch_past_the_limit_is_refused_and_changes_nothing(client, margin):
     assert world.apply(create=(pile[:40], unit_boxes(40, 100.0))).tick == before[0] + 1    # 780 pairs fit
 
 
-def test_a_pile_is_refused_before_its_fat_pairs_fill_the_memory():
+@pytest.mark.parametrize("sensor", [False, True], ids=["plain", "with-a-sensor"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_pile_is_refused_before_its_fat_pairs_fill_the_memory(threads, sensor):
     """The 136-million-pair batch, scaled down: a world allowed 100 pairs refuses 20,000 boxes on one
-    spot at once; the core stops after 4 times the limit of fat pairs, not after 200 million."""
-    local = dbvt.Broadphase(dims=3, margin=0.05)
+    spot at once; the core stops after 4 times the limit of fat pairs, not after 200 million. On
+    threads too, whether they make the changes (no sensors) or only find them: finding stops as
+    soon as what it found would pass the limit, and the lists still agree."""
+    local = dbvt.Broadphase(dims=3, margin=0.05, threads=threads)
+    if sensor:
+        local.create(np.array([10**9], np.uint64), unit_boxes(1, 50.0), sensor="sphere")
     local.create(np.arange(20_000, dtype=np.uint64), unit_boxes(20_000))
     with pytest.raises(dbvt.FatPairLimit):
         local.update(max_fat_pairs=400)
     assert local.stats()["fat_pairs"] < 2 * 20_000
+    local.validate()
+    local.destroy(np.arange(20_000, dtype=np.uint64))
+    assert [len(pairs) for pairs in local.update()] == [0, 0] and local.stats()["fat_pairs"] == 0
     with Client.local() as client:
         world = client.create_world("pile", max_pairs=100)
         with pytest.raises(ResourceExhausted, match="pairs of boxes grown by the margin"):
             world.apply(create=(np.arange(20_000, dtype=np.uint64), unit_boxes(20_000)))
         assert (world.info().proxies, world.info().tick, len(world.pairs())) == (0, 0, 0)
+
+
+PILE_IN_A_GIGABYTE = """
+import resource
+resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+import numpy as np
+import dbvt
+boxes = np.zeros((20_001, 6), np.float32)
+boxes[:, 3:] = 1
+boxes[0] += 50
+pile = dbvt.Broadphase(dims=3, margin=0.05, threads=2)
+pile.create(np.array([10**9], np.uint64), boxes[:1], sensor="sphere")
+pile.create(np.arange(20_000, dtype=np.uint64), boxes[1:])
+try:
+    pile.update(max_fat_pairs=400)
+except dbvt.FatPairLimit:
+    print("refused")
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the address-space limit (RLIMIT_AS) is Linux's")
+def test_a_pile_on_threads_is_refused_within_a_gigabyte():
+    """The pile above, in a world with a sensor and 2 threads, whose threads only find the partners:
+    in a process that may map 1 GB, the update is refused with FatPairLimit, not MemoryError. Had
+    the threads found every partner before the first merge counted them (400 million), it would
+    need about 5 GB."""
+    run = subprocess.run([sys.executable, "-c", PILE_IN_A_GIGABYTE], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
+    assert run.stdout.strip() == "refused", run.stderr[-2000:]
 
 
 def test_limits_are_reported_and_held_to_the_servers(client):
