@@ -100,13 +100,13 @@ except dbvt.FatPairLimit:
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="the address-space limit (RLIMIT_AS) is Linux's")
-def test_a_pile_on_threads_is_refused_within_a_gigabyte():
+def test_a_pile_on_threads_is_refused_within_a_gigabyte(tmp_path):
     """The pile above, in a world with a sensor and 2 threads, whose threads only find the partners:
     in a process that may map 1 GB, the update is refused with FatPairLimit, not MemoryError. Had
     the threads found every partner before the first merge counted them (400 million), it would
     need about 5 GB."""
     run = subprocess.run([sys.executable, "-c", PILE_IN_A_GIGABYTE], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
+                         cwd=tmp_path, env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
     assert run.stdout.strip() == "refused", run.stderr[-2000:]
 
 
