@@ -199,7 +199,6 @@ ctypedef struct RefreshJob:
     int workers
     dbvt_counter next
     dbvt_counter failed
-    dbvt_counter stopped
 
 
 cdef int edit_push(Edits *edits, int32_t owner, int32_t value, int32_t kind) noexcept nogil:
@@ -245,15 +244,13 @@ cdef int make_edits(Partners *partners, const Edits *edits) noexcept nogil:
 
 
 cdef int merge_own(const TreeCore *t, Partners *partners, int32_t proxy, Hits *hits, Edits *mirrors,
-                   Edits *pending, Refreshed *done, int64_t *gain) noexcept nogil:
+                   Edits *pending, Refreshed *done) noexcept nogil:
     """_broadphase's _merge_partners for a world without sensors, writing `proxy`'s list alone.
     Partners are symmetric (both fat boxes overlap, both filters pass), so a refreshed partner merges
     its own list to agree with this one, and a pair of two refreshed proxies that parted while
     touching ends once, by the lower (as one thread, which takes them in order, ends it). The changes
     to the lists of partners that kept their fat boxes are noted for their owners (mirror_part), and
-    with `pending`, those to refreshed partners' lists too, in case the refresh stops before them.
-    `gain` counts both sides of a pair with a refreshed partner at the lower proxy, so that the gains
-    counted against a limit are the lists' own before every proxy has merged."""
+    with `pending`, those to refreshed partners' lists too, in case the refresh stops before them."""
     cdef Partners *mine = &partners[proxy]
     cdef const int32_t *items = items_of(mine)
     cdef int64_t kept = hits.count
@@ -267,10 +264,8 @@ cdef int merge_own(const TreeCore *t, Partners *partners, int32_t proxy, Hits *h
                 if edit_push(mirrors, other, proxy, EDIT_DROP) != 0:
                     return -1
                 done.listed -= 1
-            else:
-                gain[0] += 1 if proxy > other else -1
-                if pending != NULL and edit_push(pending, other, proxy, EDIT_DROP) != 0:
-                    return -1
+            elif pending != NULL and edit_push(pending, other, proxy, EDIT_DROP) != 0:
+                return -1
             if (items[i] & TOUCHING) and (proxy < other or not refreshed):
                 if pairs_push(&done.ended, t.proxies[proxy].id, t.proxies[other].id) != 0:
                     return -1
@@ -282,10 +277,8 @@ cdef int merge_own(const TreeCore *t, Partners *partners, int32_t proxy, Hits *h
                 if edit_push(mirrors, other, proxy, EDIT_ADD) != 0:
                     return -1
                 done.listed += 1
-            else:
-                gain[0] += 1 if proxy < other else -1
-                if pending != NULL and edit_push(pending, other, proxy, EDIT_ADD) != 0:
-                    return -1
+            elif pending != NULL and edit_push(pending, other, proxy, EDIT_ADD) != 0:
+                return -1
             hits.proxies[j] = other << 1
             j += 1
         else:
@@ -311,7 +304,7 @@ cdef void refresh_worker(void *context, int worker) noexcept nogil:
     cdef Edits mirrors
     cdef Edits pending
     cdef Refreshed done
-    cdef int64_t start, end, i, before, tally = 0, gain = 0
+    cdef int64_t start, end, i, tally = 0, gain = 0
     cdef int32_t proxy
     memset(&stack, 0, sizeof(Stack))
     memset(&hits, 0, sizeof(Hits))
@@ -326,17 +319,19 @@ cdef void refresh_worker(void *context, int worker) noexcept nogil:
         for i in range(start, end):
             proxy = job.refat[i]
             hits.count = 0
-            before = done.listed
-            if find_partners(job.f, proxy, &stack, &hits) != 0 or (
-                    not same_partners(&job.partners[proxy], hits.proxies, hits.count)
+            if find_partners(job.f, proxy, &stack, &hits) != 0:
+                counter_set(&job.failed, 1)
+                break
+            if job.limit.room >= 0:
+                gain = list_gain(job.t, &job.partners[proxy], proxy, hits.proxies, hits.count)
+            if (not same_partners(&job.partners[proxy], hits.proxies, hits.count)
                     and merge_own(job.t, job.partners, proxy, &hits, &mirrors,
-                                  &pending if job.limit.room >= 0 else NULL, &done, &gain) != 0):
+                                  &pending if job.limit.room >= 0 else NULL, &done) != 0):
                 counter_set(&job.failed, 1)
                 break
             job.merged[i] = 1
-            if job.limit.room >= 0 and past_limit(&job.limit, &tally, done.listed - before + gain, i + 1 == end):
+            if job.limit.room >= 0 and past_limit(&job.limit, &tally, gain, i + 1 == end):
                 break
-            gain = 0
     stack_free(&stack)
     hits_free(&hits)
     job.mirrors[worker] = mirrors
@@ -372,7 +367,8 @@ cdef int gather(Edits *into, const Edits *edits, int32_t lo, int32_t hi) noexcep
 
 cdef int make_pending(RefreshJob *job, const Edits *pending, int32_t lo, int32_t hi, Refreshed *fix) noexcept nogil:
     """After a stop: the changes merged proxies made to pairs with refreshed proxies whose turn never
-    came, on the latter's side. A touching pair the merged side left to the lower proxy ends here."""
+    came, on the latter's side. A touching pair that a merged proxy parted and left to the lower one
+    to end is counted here (the update fails, so no pair is reported)."""
     cdef const Edit *edit
     cdef int64_t k
     for k in range(pending.count):
