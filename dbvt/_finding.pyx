@@ -201,16 +201,24 @@ ctypedef struct RefreshJob:
     dbvt_counter failed
 
 
+cdef int room_for_one(void **items, int64_t count, int64_t *capacity, size_t size) noexcept nogil:
+    """Room for one more item in a growing array of `count` items (its capacity doubled when full)."""
+    cdef int64_t grown_capacity
+    cdef void *grown
+    if count < capacity[0]:
+        return 0
+    grown_capacity = max(<int64_t>256, 2 * capacity[0])
+    grown = realloc(items[0], grown_capacity * size)
+    if grown == NULL:
+        return -1
+    items[0] = grown
+    capacity[0] = grown_capacity
+    return 0
+
+
 cdef int edit_push(Edits *edits, int32_t owner, int32_t value, int32_t kind) noexcept nogil:
-    cdef int64_t capacity
-    cdef Edit *grown
-    if edits.count == edits.capacity:
-        capacity = max(<int64_t>256, 2 * edits.capacity)
-        grown = <Edit *>realloc(edits.items, capacity * sizeof(Edit))
-        if grown == NULL:
-            return -1
-        edits.items = grown
-        edits.capacity = capacity
+    if room_for_one(<void **>&edits.items, edits.count, &edits.capacity, sizeof(Edit)) != 0:
+        return -1
     edits.items[edits.count].owner = owner
     edits.items[edits.count].value = value
     edits.items[edits.count].kind = kind
@@ -482,20 +490,13 @@ ctypedef struct Changes:            # a thread's changes while it works: its own
     Retest *items
     int64_t count
     int64_t capacity
-    PairBuffer begun                # when the job asks for pairs
+    PairBuffer begun                # with the job's `flip`: its flips' pairs
     PairBuffer ended
 
 
 cdef int change_push(Changes *changes, int32_t proxy, int32_t entry, int32_t other, int32_t visit) noexcept nogil:
-    cdef int64_t capacity
-    cdef Retest *grown
-    if changes.count == changes.capacity:
-        capacity = max(<int64_t>256, 2 * changes.capacity)
-        grown = <Retest *>realloc(changes.items, capacity * sizeof(Retest))
-        if grown == NULL:
-            return -1
-        changes.items = grown
-        changes.capacity = capacity
+    if room_for_one(<void **>&changes.items, changes.count, &changes.capacity, sizeof(Retest)) != 0:
+        return -1
     changes.items[changes.count].proxy = proxy
     changes.items[changes.count].entry = entry
     changes.items[changes.count].other = other
