@@ -65,6 +65,14 @@ cdef int64_t list_gain(const TreeCore *t, const Partners *p, int32_t proxy, cons
     return gain
 
 
+cdef inline bint take_chunk(dbvt_counter *next, int64_t n, int64_t *start, int64_t *end) noexcept nogil:
+    """The next FIND_CHUNK proxies of n that a thread takes, in turn with the others; False when none
+    is left."""
+    start[0] = <int64_t>counter_take(next) * FIND_CHUNK
+    end[0] = min(start[0] + FIND_CHUNK, n)
+    return start[0] < n
+
+
 ctypedef struct FindJob:
     const Finder *f
     const Partners *partners        # the lists, to tell which found the partners they hold
@@ -98,11 +106,8 @@ cdef void find_worker(void *context, int worker) noexcept nogil:
     cdef const Partners *mine
     memset(&stack, 0, sizeof(Stack))
     memset(&hits, 0, sizeof(Hits))
-    while not counter_get(&job.failed) and not counter_get(&job.limit.stopped):
-        start = <int64_t>counter_take(&job.next) * FIND_CHUNK
-        if start >= job.n:
-            break
-        end = min(start + FIND_CHUNK, job.n)
+    while (not counter_get(&job.failed) and not counter_get(&job.limit.stopped)
+           and take_chunk(&job.next, job.n, &start, &end)):
         for i in range(start, end):
             job.out.first[i] = hits.count
             job.out.worker[i] = worker
@@ -319,11 +324,8 @@ cdef void refresh_worker(void *context, int worker) noexcept nogil:
     memset(&mirrors, 0, sizeof(Edits))
     memset(&pending, 0, sizeof(Edits))
     memset(&done, 0, sizeof(Refreshed))
-    while not counter_get(&job.failed) and not counter_get(&job.limit.stopped):
-        start = <int64_t>counter_take(&job.next) * FIND_CHUNK
-        if start >= job.n:
-            break
-        end = min(start + FIND_CHUNK, job.n)
+    while (not counter_get(&job.failed) and not counter_get(&job.limit.stopped)
+           and take_chunk(&job.next, job.n, &start, &end)):
         for i in range(start, end):
             proxy = job.refat[i]
             hits.count = 0
