@@ -327,13 +327,14 @@ cdef void morton_keys(const Spread *s, int64_t start, int64_t end) noexcept nogi
                      | <uint64_t>i)
 
 
-ctypedef struct Radix:              # one pass of the Morton sort, each thread on a range of the keys
+ctypedef struct Radix:              # one pass of radix_sort, each thread on a range of the keys
     const uint64_t *source
     uint64_t *target
-    int64_t *counts                 # parts x MORTON_CELLS: a range's digit counts, then where it writes each
+    int64_t *counts                 # parts x 2^bits: a range's digit counts, then where it writes each
     int64_t n
     int parts
     int shift
+    int bits
     bint scatter
 
 
@@ -341,55 +342,48 @@ cdef void radix_part(void *context, int part) noexcept nogil:
     """A range's digits counted or, once the counts are offsets, its keys written in order: the ranges
     are taken in order for every digit, so the sort is the serial one (stable)."""
     cdef Radix *r = <Radix *>context
-    cdef int64_t *mine = r.counts + part * MORTON_CELLS
+    cdef int64_t digits = (<int64_t>1) << r.bits
+    cdef int64_t *mine = r.counts + part * digits
     cdef int64_t i, end = r.n * (part + 1) // r.parts
-    cdef int d
+    cdef int64_t d
     if not r.scatter:
-        memset(mine, 0, MORTON_CELLS * sizeof(int64_t))
+        memset(mine, 0, digits * sizeof(int64_t))
         for i in range(r.n * part // r.parts, end):
-            mine[(r.source[i] >> r.shift) & (MORTON_CELLS - 1)] += 1
+            mine[(r.source[i] >> r.shift) & (digits - 1)] += 1
         return
     for i in range(r.n * part // r.parts, end):
-        d = (r.source[i] >> r.shift) & (MORTON_CELLS - 1)
+        d = (r.source[i] >> r.shift) & (digits - 1)
         r.target[mine[d]] = r.source[i]
         mine[d] += 1
 
 
-cdef uint64_t *morton_sort(const BuildItem *items, int64_t n, const Bounds *all, uint64_t *keys,
-                           uint64_t *scratch, int threads) noexcept nogil:
-    """Item indices sorted by the Morton code of their centres: (code << 32 | index) keys, in
-    whichever of the two buffers the radix passes ended in. The cells are cubes (one scale for every
-    axis), so a long, flat world is cut along its long side first."""
-    cdef int64_t counts[MORTON_CELLS]
-    cdef double extent = 0.0
-    cdef int64_t total, c
-    cdef int k, pass_, d
+cdef uint64_t *radix_sort(uint64_t *keys, uint64_t *scratch, int64_t n, int shift, int passes, int bits,
+                          int parts) noexcept nogil:
+    """keys[:n] sorted, stably, by `passes` digits of `bits` bits (at most MAX_DIGIT_BITS) from bit
+    `shift` up, least significant first; each pass counts and writes a range of keys a part, on its
+    own thread. Returns whichever of the two buffers holds the result. Without memory for the parts'
+    counts, one thread sorts."""
+    cdef int64_t counts[1 << MAX_DIGIT_BITS]
+    cdef int64_t digits = (<int64_t>1) << bits, total, c, d
+    cdef int pass_, k
     cdef uint64_t *swap
-    cdef Spread loop
     cdef Radix radix
-    for k in range(3):
-        extent = max(extent, <double>all.cmax[k] - all.cmin[k])
-    # Stage 1: the keys, on the threads.
-    loop.items, loop.keys, loop.bounds = items, keys, all
-    loop.scale = MORTON_CELLS / extent if extent > 0.0 else 0.0
-    spread(&loop, morton_keys, n, threads)
-    # Stage 2: least significant digit first, one Morton cell's worth of bits per pass, on the
-    # threads when there is room for their counts.
-    radix.parts = loop.parts
-    radix.counts = <int64_t *>malloc(radix.parts * MORTON_CELLS * sizeof(int64_t))
+    radix.parts = parts
+    radix.counts = <int64_t *>malloc(parts * digits * sizeof(int64_t)) if parts > 1 else counts
     if radix.counts == NULL:
         radix.parts, radix.counts = 1, counts
     radix.n = n
-    for pass_ in range(3):
-        radix.shift = 32 + pass_ * MORTON_BITS
+    radix.bits = bits
+    for pass_ in range(passes):
+        radix.shift = shift + pass_ * bits
         radix.source, radix.target = keys, scratch
         radix.scatter = False
         run_parts(radix_part, &radix, radix.parts)
         total = 0
-        for d in range(MORTON_CELLS):
+        for d in range(digits):
             for k in range(radix.parts):
-                c = radix.counts[k * MORTON_CELLS + d]
-                radix.counts[k * MORTON_CELLS + d] = total
+                c = radix.counts[k * digits + d]
+                radix.counts[k * digits + d] = total
                 total += c
         radix.scatter = True
         run_parts(radix_part, &radix, radix.parts)
@@ -399,6 +393,24 @@ cdef uint64_t *morton_sort(const BuildItem *items, int64_t n, const Bounds *all,
     if radix.counts != counts:
         free(radix.counts)
     return keys
+
+
+cdef uint64_t *morton_sort(const BuildItem *items, int64_t n, const Bounds *all, uint64_t *keys,
+                           uint64_t *scratch, int threads) noexcept nogil:
+    """Item indices sorted by the Morton code of their centres: (code << 32 | index) keys, in
+    whichever of the two buffers the radix passes ended in. The cells are cubes (one scale for every
+    axis), so a long, flat world is cut along its long side first."""
+    cdef double extent = 0.0
+    cdef int k
+    cdef Spread loop
+    for k in range(3):
+        extent = max(extent, <double>all.cmax[k] - all.cmin[k])
+    # Stage 1: the keys, on the threads.
+    loop.items, loop.keys, loop.bounds = items, keys, all
+    loop.scale = MORTON_CELLS / extent if extent > 0.0 else 0.0
+    spread(&loop, morton_keys, n, threads)
+    # Stage 2: least significant digit first, one Morton cell's worth of bits per pass.
+    return radix_sort(keys, scratch, n, 32, 3, MORTON_BITS, loop.parts)
 
 
 cdef int64_t code_split(const uint64_t *keys, int64_t s, int64_t e) noexcept nogil:
