@@ -269,6 +269,7 @@ cdef inline int stack_push(Stack *stack, int32_t ref, uint32_t pending) noexcept
 
 cdef int walk(const TreeCore *t, Query *q, Stack *stack, Hits *hits) noexcept nogil
 cdef void stack_free(Stack *stack) noexcept nogil
+cdef int grow_array(void **items, int64_t *capacity, int64_t need, size_t size) noexcept nogil
 cdef int hits_push(Hits *hits, int32_t proxy, double fraction) noexcept nogil
 cdef void hits_free(Hits *hits) noexcept nogil
 

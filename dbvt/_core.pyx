@@ -1278,6 +1278,21 @@ cdef inline bint test_leaf(const Kind *kind, const Query *q, const Proxy *leaf, 
         return True
 
 
+cdef int grow_array(void **items, int64_t *capacity, int64_t need, size_t size) noexcept nogil:
+    """Room for `need` items of `size` bytes in a realloc'd array, at least doubling it (from 64)."""
+    cdef int64_t more
+    cdef void *grown
+    if need <= capacity[0]:
+        return 0
+    more = max(need, 2 * capacity[0], 64)
+    grown = realloc(items[0], more * size)
+    if grown == NULL:
+        return -1
+    items[0] = grown
+    capacity[0] = more
+    return 0
+
+
 cdef int hits_push(Hits *hits, int32_t proxy, double fraction) noexcept nogil:
     cdef int64_t capacity
     cdef int32_t *proxies

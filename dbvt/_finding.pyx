@@ -2,12 +2,12 @@
 """An update's stages on threads (see _finding.pxd). Every proxy's answer depends on the world and the
 proxy alone, and comes out in order, so the answers found on several threads are one thread's; the
 changes made on threads leave every list as one thread leaves it."""
-from libc.stdlib cimport calloc, free, malloc, realloc
+from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memset
 
 from dbvt._batch cimport pairs_extend, pairs_free, pairs_push
 from dbvt._core cimport (
-    PREFETCH_AHEAD, PROXY_MOVED, PROXY_REFAT, PROXY_SEEN, PROXY_SENSOR, hits_free, prefetch, stack_free,
+    PREFETCH_AHEAD, PROXY_MOVED, PROXY_REFAT, PROXY_SEEN, PROXY_SENSOR, grow_array, hits_free, prefetch, stack_free,
 )
 from dbvt._parallel cimport add_fetch, counter_get, counter_set, counter_take, dbvt_counter, run_parts
 from dbvt._partners cimport (
@@ -206,23 +206,8 @@ ctypedef struct RefreshJob:
     dbvt_counter failed
 
 
-cdef int room_for_one(void **items, int64_t count, int64_t *capacity, size_t size) noexcept nogil:
-    """Room for one more item in a growing array of `count` items (its capacity doubled when full)."""
-    cdef int64_t grown_capacity
-    cdef void *grown
-    if count < capacity[0]:
-        return 0
-    grown_capacity = max(<int64_t>256, 2 * capacity[0])
-    grown = realloc(items[0], grown_capacity * size)
-    if grown == NULL:
-        return -1
-    items[0] = grown
-    capacity[0] = grown_capacity
-    return 0
-
-
 cdef int edit_push(Edits *edits, int32_t owner, int32_t value, int32_t kind) noexcept nogil:
-    if room_for_one(<void **>&edits.items, edits.count, &edits.capacity, sizeof(Edit)) != 0:
+    if grow_array(<void **>&edits.items, &edits.capacity, edits.count + 1, sizeof(Edit)) != 0:
         return -1
     edits.items[edits.count].owner = owner
     edits.items[edits.count].value = value
@@ -497,7 +482,7 @@ ctypedef struct Changes:            # a thread's changes while it works: its own
 
 
 cdef int change_push(Changes *changes, int32_t proxy, int32_t entry, int32_t other, int32_t visit) noexcept nogil:
-    if room_for_one(<void **>&changes.items, changes.count, &changes.capacity, sizeof(Retest)) != 0:
+    if grow_array(<void **>&changes.items, &changes.capacity, changes.count + 1, sizeof(Retest)) != 0:
         return -1
     changes.items[changes.count].proxy = proxy
     changes.items[changes.count].entry = entry

@@ -15,33 +15,18 @@ node test never rejects a subtree that holds a hit.
 """
 from libc.math cimport INFINITY, sqrt
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
-from libc.stdlib cimport calloc, free, malloc, realloc
+from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcpy
 
 from dbvt._batch cimport append_by_fraction, batch_reserve, sort_pairs
 from dbvt._core cimport (
-    HIT_LIMIT, NULL_REF, Batch, IdPair, PairBuffer, Stack, StackEntry, TreeCore, above, below, hits_push, meet,
-    prefetch, ref_box,
+    HIT_LIMIT, NULL_REF, Batch, IdPair, PairBuffer, Stack, StackEntry, TreeCore, above, below, grow_array,
+    hits_push, meet, prefetch, ref_box,
 )
 
 
-cdef int grow(void **items, int64_t *capacity, int64_t need, size_t size) noexcept nogil:
-    """Room for `need` items of `size` bytes in a realloc'd array, at least doubling it."""
-    cdef int64_t more
-    cdef void *grown
-    if need <= capacity[0]:
-        return 0
-    more = max(need, 2 * capacity[0], 64)
-    grown = realloc(items[0], more * size)
-    if grown == NULL:
-        return -1
-    items[0] = grown
-    capacity[0] = more
-    return 0
-
-
 cdef inline int push_ref(Stack *stack, int32_t ref) noexcept nogil:
-    if stack.count == stack.capacity and grow(<void **>&stack.entries, &stack.capacity, stack.count + 1,
+    if stack.count == stack.capacity and grow_array(<void **>&stack.entries, &stack.capacity, stack.count + 1,
                                               sizeof(StackEntry)) != 0:
         return -1
     stack.entries[stack.count].ref = ref
@@ -104,7 +89,7 @@ cdef inline int keep(Nearest *w, double gap, uint64_t id) noexcept nogil:
     item.gap = gap
     item.id = id
     if w.best_count < w.k:
-        if w.best_count == w.best_capacity and grow(<void **>&w.best, &w.best_capacity, w.best_count + 1,
+        if w.best_count == w.best_capacity and grow_array(<void **>&w.best, &w.best_capacity, w.best_count + 1,
                                                     sizeof(Found)) != 0:
             return -1
         i = w.best_count
@@ -157,7 +142,7 @@ cdef inline int visit(const TreeCore *t, Nearest *w, int32_t ref, const double *
 cdef inline int push_pending(Nearest *w, const Pending *item) noexcept nogil:
     if item.ref == NULL_REF:
         return 0
-    if w.stack_count == w.stack_capacity and grow(<void **>&w.stack, &w.stack_capacity, w.stack_count + 1,
+    if w.stack_count == w.stack_capacity and grow_array(<void **>&w.stack, &w.stack_capacity, w.stack_count + 1,
                                                   sizeof(Pending)) != 0:
         return -1
     w.stack[w.stack_count] = item[0]
@@ -477,7 +462,7 @@ ctypedef struct PairStack:
 
 cdef inline int push_ids(PairBuffer *out, uint64_t a, uint64_t b) noexcept nogil:
     """Append [a, b] as given: the first id is from the first tree (pairs_push orders them)."""
-    if out.count == out.capacity and grow(<void **>&out.pairs, &out.capacity, out.count + 1, sizeof(IdPair)) != 0:
+    if out.count == out.capacity and grow_array(<void **>&out.pairs, &out.capacity, out.count + 1, sizeof(IdPair)) != 0:
         return -1
     out.pairs[out.count].a = a
     out.pairs[out.count].b = b
@@ -565,7 +550,7 @@ cdef int trees_overlap(const TreeCore *a, const TreeCore *b, uint32_t mask_a, co
     stack.count = stack.capacity = 0
     if a.root == NULL_REF or b.root == NULL_REF or not meet(ref_box(a, a.root), ref_box(b, b.root)):
         return 0
-    if grow(<void **>&stack.items, &stack.capacity, 64, sizeof(RefPair)) != 0:
+    if grow_array(<void **>&stack.items, &stack.capacity, 64, sizeof(RefPair)) != 0:
         return -1
     stack.items[0].a = a.root
     stack.items[0].b = b.root
@@ -586,7 +571,7 @@ cdef int trees_overlap(const TreeCore *a, const TreeCore *b, uint32_t mask_a, co
                     status = HIT_LIMIT
                     break
             continue
-        if stack.count + 4 > stack.capacity and grow(<void **>&stack.items, &stack.capacity, stack.count + 4,
+        if stack.count + 4 > stack.capacity and grow_array(<void **>&stack.items, &stack.capacity, stack.count + 4,
                                                      sizeof(RefPair)) != 0:
             status = -1
             break

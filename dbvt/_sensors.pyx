@@ -8,11 +8,11 @@ memory ran out.
 """
 from libc.math cimport floor, isfinite
 from libc.stdint cimport int32_t, int64_t, uint64_t
-from libc.stdlib cimport free, realloc
+from libc.stdlib cimport free
 from libc.string cimport memcmp, memcpy, memset
 
 from dbvt._batch cimport drop_repeats, sort_int32
-from dbvt._core cimport PROXY_LIVE, PROXY_SENSOR, Hits, TreeCore, hits_push, meet
+from dbvt._core cimport PROXY_LIVE, PROXY_SENSOR, Hits, TreeCore, grow_array, hits_push, meet
 
 cdef enum:
     WIDE_CELLS = 64                 # a box over more cells than this is tested whole, not cell by cell
@@ -51,19 +51,6 @@ cdef inline bint cells_of(const SensorGrid *g, const float *box, int dims, int64
     return count <= WIDE_CELLS
 
 
-cdef int grow(void **items, int64_t *capacity, int64_t need, size_t size) noexcept nogil:
-    cdef void *grown
-    if need <= capacity[0]:
-        return 0
-    need = max(need, 2 * capacity[0])
-    grown = realloc(items[0], need * size)
-    if grown == NULL:
-        return -1
-    items[0] = grown
-    capacity[0] = need
-    return 0
-
-
 cdef void grid_init(SensorGrid *g) noexcept nogil:
     memset(g, 0, sizeof(SensorGrid))
 
@@ -81,7 +68,7 @@ cdef int grid_list_sensors(SensorGrid *g, const TreeCore *t) noexcept nogil:
     g.sensor_count = 0
     for p in range(t.proxy_capacity):
         if (t.proxies[p].flags & (PROXY_LIVE | PROXY_SENSOR)) > PROXY_LIVE:
-            if grow(<void **>&g.sensors, &g.sensor_capacity, g.sensor_count + 1, sizeof(int32_t)) != 0:
+            if grow_array(<void **>&g.sensors, &g.sensor_capacity, g.sensor_count + 1, sizeof(int32_t)) != 0:
                 return -1
             g.sensors[g.sensor_count] = p
             g.sensor_count += 1
@@ -122,8 +109,8 @@ cdef int grid_build(SensorGrid *g, const TreeCore *t, double cell) noexcept nogi
             g.wide_count += 1
     while buckets < 2 * count:
         buckets *= 2
-    if (grow(<void **>&g.starts, &g.start_capacity, buckets + 1, sizeof(int32_t)) != 0
-            or grow(<void **>&g.entries, &g.entry_capacity, count, sizeof(GridEntry)) != 0):
+    if (grow_array(<void **>&g.starts, &g.start_capacity, buckets + 1, sizeof(int32_t)) != 0
+            or grow_array(<void **>&g.entries, &g.entry_capacity, count, sizeof(GridEntry)) != 0):
         g.cell = 0.0
         return -1
     g.mask = buckets - 1
@@ -210,7 +197,7 @@ cdef int64_t index_bytes(const SensorIndex *x) noexcept nogil:
 cdef int index_note_room(SensorIndex *x, int64_t n) noexcept nogil:
     """Room to note `n` more sensors, so that index_note cannot fail."""
     n = min(n, max(x.settled.sensor_count - x.recent.sensor_count, 0))
-    return grow(<void **>&x.recent.sensors, &x.recent.sensor_capacity, x.recent.sensor_count + n, sizeof(int32_t))
+    return grow_array(<void **>&x.recent.sensors, &x.recent.sensor_capacity, x.recent.sensor_count + n, sizeof(int32_t))
 
 
 cdef void index_note(SensorIndex *x, int32_t sensor) noexcept nogil:
