@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 import dbvt
 from dbvt import reference
-from dbvt_client import Client, ResourceExhausted
+from dbvt_client import Client, Create, ResourceExhausted
+from servers import ServerThread
 
 LIMIT = 1000
 
@@ -79,6 +80,26 @@ def test_a_pile_is_refused_before_its_fat_pairs_fill_the_memory(threads, sensor)
         with pytest.raises(ResourceExhausted, match="pairs of boxes grown by the margin"):
             world.apply(create=(np.arange(20_000, dtype=np.uint64), unit_boxes(20_000)))
         assert (world.info().proxies, world.info().tick, len(world.pairs())) == (0, 0, 0)
+
+
+def test_a_server_with_threads_refuses_a_pile_in_a_world_with_a_sensor():
+    """Through a real server whose worlds step on 2 threads, in a world with a sensor (where the
+    threads only find the partners): the pile is refused with RESOURCE_EXHAUSTED, and the world,
+    its sensor pairs included, is as it was and takes the next batch."""
+    server = ServerThread(threads_per_world=2)
+    try:
+        with Client(server.target) as client:
+            world = client.create_world("pile", max_pairs=100)
+            world.apply(create=Create(np.array([10**9], np.uint64), unit_boxes(1, 0.0), sensor="sphere"))
+            world.apply(create=(np.arange(6, dtype=np.uint64), np.concatenate([scattered(5, 3), unit_boxes(1, 0.0)])))
+            before, inside = state(world), world.sensor_pairs().tolist()
+            assert inside == [[10**9, 5]]
+            with pytest.raises(ResourceExhausted, match="pairs of boxes grown by the margin"):
+                world.apply(create=(np.arange(100, 20_100, dtype=np.uint64), unit_boxes(20_000)))
+            assert state(world) == before and world.sensor_pairs().tolist() == inside
+            assert world.apply(create=(np.array([7_000], np.uint64), unit_boxes(1, 40.0))).tick == before[0] + 1
+    finally:
+        server.stop()
 
 
 PILE_IN_A_GIGABYTE = """
