@@ -268,7 +268,22 @@ ctypedef struct NewIds:
 
 
 cdef inline int id_part(uint64_t mixed, int parts) noexcept nogil:
-    return <int>((mixed >> 40) % <uint64_t>parts)
+    """The part an id's hash picks: its high bits scaled to the parts (no division)."""
+    return <int>(((mixed >> 32) * <uint64_t>parts) >> 32)
+
+
+cdef int64_t *own_rows(const NewIds *c, int part, int64_t *count) noexcept nogil:
+    """The rows of the ids this part takes, ascending; NULL when memory ran out. Gathered without a
+    branch: which part an id picks is a coin toss, and a guess missed on every other row cost more
+    than the set's probes."""
+    cdef int64_t i, taken = 0
+    cdef int64_t *rows = <int64_t *>malloc(max(c.n, 1) * sizeof(int64_t))
+    if rows != NULL:
+        for i in range(c.n):
+            rows[taken] = i
+            taken += id_part(mix64(c.ids[i]), c.parts) == part
+    count[0] = taken
+    return rows
 
 
 cdef void check_part(void *context, int part) noexcept nogil:
@@ -276,40 +291,44 @@ cdef void check_part(void *context, int part) noexcept nogil:
     one cache line, not a flag's and a key's), id 0 kept aside; the slots fetched a few rows ahead."""
     cdef NewIds *c = <NewIds *>context
     cdef IdsPart *out = &c.results[part]
-    cdef int64_t i, count = c.n if c.parts == 1 else 0, size = 16, slot
+    cdef int64_t i, count = c.n, size = 16, slot
+    cdef int64_t *rows = NULL
     cdef uint64_t mixed, id_
-    cdef uint64_t *keys
+    cdef uint64_t *keys = NULL
     cdef bint zero_seen = False, repeat
+    out.bad = c.n
+    out.status = -1
     if c.parts > 1:
-        for i in range(c.n):
-            count += id_part(mix64(c.ids[i]), c.parts) == part
+        rows = own_rows(c, part, &count)
+        if rows == NULL:
+            return
     while size < 2 * count:
         size *= 2
     keys = <uint64_t *>calloc(size, sizeof(uint64_t))
-    out.bad = c.n
     out.status = -1 if keys == NULL else 0
     i = 0
-    while out.status == 0 and i < c.n:
-        if i + PREFETCH_AHEAD < c.n:
-            prefetch(&keys[mix64(c.ids[i + PREFETCH_AHEAD]) & <uint64_t>(size - 1)])
-        id_ = c.ids[i]
+    while out.status == 0 and i < count:
+        if i + PREFETCH_AHEAD < count:
+            id_ = c.ids[rows[i + PREFETCH_AHEAD] if rows != NULL else i + PREFETCH_AHEAD]
+            prefetch(&keys[mix64(id_) & <uint64_t>(size - 1)])
+        id_ = c.ids[rows[i] if rows != NULL else i]
         mixed = mix64(id_)
-        if id_part(mixed, c.parts) == part:
-            if id_ == 0:
-                repeat = zero_seen
-                zero_seen = True
-            else:
-                slot = <int64_t>(mixed & <uint64_t>(size - 1))
-                while keys[slot] != 0 and keys[slot] != id_:
-                    slot = (slot + 1) & (size - 1)
-                repeat = keys[slot] == id_
-                keys[slot] = id_
-            if repeat or core_find(c.t, id_) >= 0:
-                out.bad = i
-                out.duplicate = repeat
-                break
+        if id_ == 0:
+            repeat = zero_seen
+            zero_seen = True
+        else:
+            slot = <int64_t>(mixed & <uint64_t>(size - 1))
+            while keys[slot] != 0 and keys[slot] != id_:
+                slot = (slot + 1) & (size - 1)
+            repeat = keys[slot] == id_
+            keys[slot] = id_
+        if repeat or core_find(c.t, id_) >= 0:
+            out.bad = rows[i] if rows != NULL else i
+            out.duplicate = repeat
+            break
         i += 1
     free(keys)
+    free(rows)
 
 
 cdef class TreeBase:
