@@ -9,7 +9,7 @@ from dbvt._batch cimport pairs_extend, pairs_free, pairs_push
 from dbvt._core cimport (
     PREFETCH_AHEAD, PROXY_MOVED, PROXY_REFAT, PROXY_SEEN, PROXY_SENSOR, grow_array, hits_free, prefetch, stack_free,
 )
-from dbvt._parallel cimport add_fetch, counter_get, counter_set, counter_take, dbvt_counter, run_parts
+from dbvt._parallel cimport add_fetch, byte_get, byte_set, counter_get, counter_set, counter_take, dbvt_counter, run_parts
 from dbvt._partners cimport (
     TOUCHING, items_of, partners_erase, partners_find, partners_insert, partners_reserve, tight_overlap,
 )
@@ -19,6 +19,8 @@ cdef enum:
     # Under a limit, a thread adds what its lists would gain to the shared count once it is this many
     # entries (or its chunk ends): a pile of boxes on one spot stops within a few lists of the limit.
     PUBLISH_EVERY = 4096
+    MAX_RUNS = 64                   # chunk runs: one a thread, up to this many (see Chunks)
+    COUNTER_STRIDE = 16             # a run's counter every 64 bytes
 
 
 ctypedef struct Limit:              # update(max_fat_pairs=...) on threads: what the lists may still gain
@@ -38,6 +40,17 @@ cdef inline bint past_limit(Limit *limit, int64_t *tally, int64_t gain, bint chu
     return counter_get(&limit.stopped)
 
 
+cdef inline int64_t first_at_least(const int32_t *ascending, int64_t n, int32_t value) noexcept nogil:
+    cdef int64_t lo = 0, hi = n, mid
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if ascending[mid] < value:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
 cdef inline int side_gain(const TreeCore *t, int32_t proxy, int32_t other) noexcept nogil:
     """The entries a new pair adds to the lists: both sides, but a pair of two refreshed proxies is
     counted once, at the lower of the two."""
@@ -46,10 +59,21 @@ cdef inline int side_gain(const TreeCore *t, int32_t proxy, int32_t other) noexc
     return 0
 
 
+cdef inline int merged_gain(const TreeCore *t, unsigned char *merged, int32_t other) noexcept nogil:
+    """side_gain of a new pair when the refreshed proxies merge out of order (refresh_all): counted by
+    whichever merges first, so a stop before the other merges (whose side the pending edits then
+    make) has counted it. Two merging at once may both count it: the count errs high, never low."""
+    if not (t.proxies[other].flags & PROXY_REFAT):
+        return 2
+    return 0 if byte_get(&merged[other]) else 2
+
+
 cdef int64_t list_gain(const TreeCore *t, const Partners *p, int32_t proxy, const int32_t *found,
-                       int64_t count) noexcept nogil:
+                       int64_t count, unsigned char *merged) noexcept nogil:
     """What merging the partners found for `proxy` (sorted) would add to all lists' entries, with
-    side_gain's count: summed over the refreshed proxies, the lists' gain once all are merged."""
+    side_gain's count (merged_gain's for new pairs, given `merged`, per proxy slot): summed over the refreshed
+    proxies, the lists' gain once all are merged. A pair dropped is counted at the lower proxy in
+    either case: if the higher drops it first and the threads stop, the count errs high."""
     cdef const int32_t *items = items_of(p)
     cdef int64_t i = 0, j = 0, gain = 0
     while i < p.count or j < count:
@@ -57,7 +81,7 @@ cdef int64_t list_gain(const TreeCore *t, const Partners *p, int32_t proxy, cons
             gain -= side_gain(t, proxy, items[i] >> 1)
             i += 1
         elif i == p.count or found[j] < (items[i] >> 1):
-            gain += side_gain(t, proxy, found[j])
+            gain += merged_gain(t, merged, found[j]) if merged != NULL else side_gain(t, proxy, found[j])
             j += 1
         else:
             i += 1
@@ -65,12 +89,44 @@ cdef int64_t list_gain(const TreeCore *t, const Partners *p, int32_t proxy, cons
     return gain
 
 
-cdef inline bint take_chunk(dbvt_counter *next, int64_t n, int64_t *start, int64_t *end) noexcept nogil:
-    """The next FIND_CHUNK proxies of n that a thread takes, in turn with the others; False when none
-    is left."""
-    start[0] = <int64_t>counter_take(next) * FIND_CHUNK
-    end[0] = min(start[0] + FIND_CHUNK, n)
-    return start[0] < n
+# A job's chunks of FIND_CHUNK proxies are cut into one run a thread, in slot order, and a thread takes
+# its own run's chunks first, then the others' that are left. The stages after the finding (the edits,
+# the flips) cut the lists by slot range the same way, so a thread mostly writes lists its own core
+# wrote last, rather than fetching each from the other core's cache. Which thread takes a chunk
+# changes no answer: every chunk's answer is laid out by its place, not by its taker.
+ctypedef struct Chunks:
+    dbvt_counter taken[MAX_RUNS * COUNTER_STRIDE]   # per run, at [COUNTER_STRIDE * run]: a cache line each
+    int64_t first[MAX_RUNS + 1]     # run r holds chunks first[r] to first[r + 1] - 1
+    int64_t n                       # proxies
+    int runs
+
+
+cdef void chunks_init(Chunks *c, int64_t n, int threads) noexcept nogil:
+    cdef int64_t total = (n + FIND_CHUNK - 1) // FIND_CHUNK
+    cdef int r
+    c.n = n
+    c.runs = max(1, min(threads, MAX_RUNS))
+    for r in range(c.runs + 1):
+        c.first[r] = total * r // c.runs
+    for r in range(c.runs):
+        counter_set(&c.taken[COUNTER_STRIDE * r], 0)
+
+
+cdef inline bint take_chunk(Chunks *c, int worker, int64_t *chunk, int64_t *start, int64_t *end) noexcept nogil:
+    """The next chunk `worker` takes: its run's next, else another run's; False when none is left."""
+    cdef int k, r
+    cdef int64_t i
+    for k in range(c.runs):
+        r = (worker + k) % c.runs
+        if counter_get(&c.taken[COUNTER_STRIDE * r]) >= c.first[r + 1] - c.first[r]:
+            continue
+        i = counter_take(&c.taken[COUNTER_STRIDE * r])
+        if i < c.first[r + 1] - c.first[r]:
+            chunk[0] = c.first[r] + i
+            start[0] = chunk[0] * FIND_CHUNK
+            end[0] = min(start[0] + FIND_CHUNK, c.n)
+            return True
+    return False
 
 
 ctypedef struct FindJob:
@@ -80,7 +136,7 @@ ctypedef struct FindJob:
     int64_t n
     Found *out
     Limit limit
-    dbvt_counter next               # the next chunk to take
+    Chunks chunks
     dbvt_counter failed
 
 
@@ -102,12 +158,12 @@ cdef void find_worker(void *context, int worker) noexcept nogil:
     cdef FindJob *job = <FindJob *>context
     cdef Stack stack
     cdef Hits hits
-    cdef int64_t start, end, i, tally = 0
+    cdef int64_t chunk, start, end, i, tally = 0
     cdef const Partners *mine
     memset(&stack, 0, sizeof(Stack))
     memset(&hits, 0, sizeof(Hits))
     while (not counter_get(&job.failed) and not counter_get(&job.limit.stopped)
-           and take_chunk(&job.next, job.n, &start, &end)):
+           and take_chunk(&job.chunks, worker, &chunk, &start, &end)):
         for i in range(start, end):
             job.out.first[i] = hits.count
             job.out.worker[i] = worker
@@ -117,7 +173,8 @@ cdef void find_worker(void *context, int worker) noexcept nogil:
             mine = &job.partners[job.proxies[i]]
             job.out.count[i] = <int32_t>(hits.count - job.out.first[i])
             if job.limit.room >= 0 and past_limit(&job.limit, &tally, list_gain(
-                    job.f.t, mine, job.proxies[i], hits.proxies + job.out.first[i], job.out.count[i]), i + 1 == end):
+                    job.f.t, mine, job.proxies[i], hits.proxies + job.out.first[i], job.out.count[i], NULL),
+                    i + 1 == end):
                 break
             # In a dense scene most refreshed lists come out as they were: the merge can skip them.
             if same_partners(mine, hits.proxies + job.out.first[i], job.out.count[i]):
@@ -153,7 +210,7 @@ cdef int find_all(const Finder *f, const Partners *partners, const int32_t *prox
     job.limit.room = room
     job.limit.gained = 0
     counter_set(&job.limit.stopped, 0)
-    counter_set(&job.next, 0)
+    chunks_init(&job.chunks, n, out.workers)
     counter_set(&job.failed, 0)
     run_parts(find_worker, &job, out.workers)
     return -1 if counter_get(&job.failed) else 0
@@ -197,12 +254,13 @@ ctypedef struct RefreshJob:
     int64_t n
     Limit limit
     unsigned char *merged           # per refat proxy: 1 once its list holds its partners
+    unsigned char *merged_slots     # under a limit, the same per proxy slot, which other threads read
     Edits *mirrors                  # one a thread: changes to lists of proxies that kept their fat boxes...
     Edits *pending                  # ...and, under a limit, to those of refreshed ones, for after a stop
     Refreshed *done                 # one a thread, kept in its locals while it works (see find_worker)
     Refreshed *fixes                # one a part: the counts of the pending changes it made
     int workers
-    dbvt_counter next
+    Chunks chunks
     dbvt_counter failed
 
 
@@ -302,7 +360,7 @@ cdef void refresh_worker(void *context, int worker) noexcept nogil:
     cdef Edits mirrors
     cdef Edits pending
     cdef Refreshed done
-    cdef int64_t start, end, i, tally = 0, gain = 0
+    cdef int64_t chunk, start, end, i, tally = 0, gain = 0
     cdef int32_t proxy
     memset(&stack, 0, sizeof(Stack))
     memset(&hits, 0, sizeof(Hits))
@@ -310,7 +368,7 @@ cdef void refresh_worker(void *context, int worker) noexcept nogil:
     memset(&pending, 0, sizeof(Edits))
     memset(&done, 0, sizeof(Refreshed))
     while (not counter_get(&job.failed) and not counter_get(&job.limit.stopped)
-           and take_chunk(&job.next, job.n, &start, &end)):
+           and take_chunk(&job.chunks, worker, &chunk, &start, &end)):
         for i in range(start, end):
             proxy = job.refat[i]
             hits.count = 0
@@ -318,13 +376,15 @@ cdef void refresh_worker(void *context, int worker) noexcept nogil:
                 counter_set(&job.failed, 1)
                 break
             if job.limit.room >= 0:
-                gain = list_gain(job.t, &job.partners[proxy], proxy, hits.proxies, hits.count)
+                gain = list_gain(job.t, &job.partners[proxy], proxy, hits.proxies, hits.count, job.merged_slots)
             if (not same_partners(&job.partners[proxy], hits.proxies, hits.count)
                     and merge_own(job.t, job.partners, proxy, &hits, &mirrors,
                                   &pending if job.limit.room >= 0 else NULL, &done) != 0):
                 counter_set(&job.failed, 1)
                 break
             job.merged[i] = 1
+            if job.merged_slots != NULL:
+                byte_set(&job.merged_slots[proxy], 1)
             if job.limit.room >= 0 and past_limit(&job.limit, &tally, gain, i + 1 == end):
                 break
     stack_free(&stack)
@@ -332,17 +392,6 @@ cdef void refresh_worker(void *context, int worker) noexcept nogil:
     job.mirrors[worker] = mirrors
     job.pending[worker] = pending
     job.done[worker] = done
-
-
-cdef inline int64_t first_at_least(const int32_t *ascending, int64_t n, int32_t value) noexcept nogil:
-    cdef int64_t lo = 0, hi = n, mid
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if ascending[mid] < value:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
 
 
 cdef inline int32_t part_start(const TreeCore *t, int part, int parts) noexcept nogil:
@@ -436,10 +485,13 @@ cdef int refresh_all(TreeCore *t, const Finder *f, Partners *partners, const int
     job.pending = <Edits *>calloc(job.workers, sizeof(Edits))
     job.done = <Refreshed *>calloc(job.workers, sizeof(Refreshed))
     job.fixes = <Refreshed *>calloc(job.workers, sizeof(Refreshed))
-    counter_set(&job.next, 0)
+    if room >= 0:
+        job.merged_slots = <unsigned char *>calloc(max(t.proxy_capacity, 1), sizeof(unsigned char))
+    chunks_init(&job.chunks, n, job.workers)
     counter_set(&job.failed, 0)
     counter_set(&job.limit.stopped, 0)
-    if job.merged == NULL or job.mirrors == NULL or job.pending == NULL or job.done == NULL or job.fixes == NULL:
+    if (job.merged == NULL or job.mirrors == NULL or job.pending == NULL or job.done == NULL or job.fixes == NULL
+            or (room >= 0 and job.merged_slots == NULL)):
         status = -1
     else:
         run_parts(refresh_worker, &job, job.workers)
@@ -455,6 +507,7 @@ cdef int refresh_all(TreeCore *t, const Finder *f, Partners *partners, const int
             free(job.mirrors[w].items)
             free(job.pending[w].items)
     free(job.merged)
+    free(job.merged_slots)
     free(job.mirrors)
     free(job.pending)
     free(job.done)
@@ -469,7 +522,7 @@ ctypedef struct RetestJob:
     int64_t n
     bint flip                       # make each flip's own side, and push its pair
     Retests *out
-    dbvt_counter next
+    Chunks chunks
     dbvt_counter failed
 
 
@@ -531,15 +584,12 @@ cdef void retest_worker(void *context, int worker) noexcept nogil:
     cdef RetestJob *job = <RetestJob *>context
     cdef Retests *out = job.out
     cdef Changes changes
-    cdef int64_t chunk, i
+    cdef int64_t chunk, start, end, i
     memset(&changes, 0, sizeof(Changes))
-    while not counter_get(&job.failed):
-        chunk = counter_take(&job.next)
-        if chunk >= out.chunks:
-            break
+    while not counter_get(&job.failed) and take_chunk(&job.chunks, worker, &chunk, &start, &end):
         out.chunk_worker[chunk] = worker
         out.chunk_first[chunk] = changes.count
-        for i in range(chunk * FIND_CHUNK, min((chunk + 1) * FIND_CHUNK, job.n)):
+        for i in range(start, end):
             if i + PREFETCH_AHEAD < job.n:
                 prefetch(&job.partners[job.moved[i + PREFETCH_AHEAD]])
             if retest_one(job, &changes, job.moved[i]) != 0:
@@ -577,7 +627,7 @@ cdef int retest_all(const TreeCore *t, Partners *partners, const int32_t *moved,
     job.n = n
     job.flip = flip
     job.out = out
-    counter_set(&job.next, 0)
+    chunks_init(&job.chunks, n, out.workers)
     counter_set(&job.failed, 0)
     run_parts(retest_worker, &job, out.workers)
     return -1 if counter_get(&job.failed) else 0

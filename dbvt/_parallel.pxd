@@ -36,6 +36,13 @@ cdef extern from *:
     static inline int64_t dbvt_add_fetch(int64_t *count, int64_t value) {
         return __atomic_add_fetch(count, value, __ATOMIC_RELAXED);
     }
+    /* A byte one thread sets and others may read meanwhile. */
+    static inline unsigned char dbvt_byte_get(unsigned char *byte) {
+        return __atomic_load_n(byte, __ATOMIC_RELAXED);
+    }
+    static inline void dbvt_byte_set(unsigned char *byte, unsigned char value) {
+        __atomic_store_n(byte, value, __ATOMIC_RELAXED);
+    }
     """
     ctypedef int dbvt_counter
     int counter_take "dbvt_counter_take"(dbvt_counter *c) noexcept nogil
@@ -43,3 +50,5 @@ cdef extern from *:
     void counter_set "dbvt_counter_set"(dbvt_counter *c, int value) noexcept nogil
     uint32_t fetch_or "dbvt_fetch_or"(uint32_t *word, uint32_t bits) noexcept nogil
     int64_t add_fetch "dbvt_add_fetch"(int64_t *count, int64_t value) noexcept nogil
+    unsigned char byte_get "dbvt_byte_get"(unsigned char *byte) noexcept nogil
+    void byte_set "dbvt_byte_set"(unsigned char *byte, unsigned char value) noexcept nogil
