@@ -9,7 +9,9 @@ from dbvt._batch cimport pairs_extend, pairs_free, pairs_push
 from dbvt._core cimport (
     PREFETCH_AHEAD, PROXY_MOVED, PROXY_REFAT, PROXY_SEEN, PROXY_SENSOR, grow_array, hits_free, prefetch, stack_free,
 )
-from dbvt._parallel cimport add_fetch, byte_get, byte_set, counter_get, counter_set, counter_take, dbvt_counter, run_parts
+from dbvt._parallel cimport (
+    Runs, add_fetch, byte_get, byte_set, counter_get, counter_set, dbvt_counter, run_parts, runs_init, runs_take,
+)
 from dbvt._partners cimport (
     TOUCHING, items_of, partners_erase, partners_find, partners_insert, partners_reserve, tight_overlap,
 )
@@ -19,8 +21,6 @@ cdef enum:
     # Under a limit, a thread adds what its lists would gain to the shared count once it is this many
     # entries (or its chunk ends): a pile of boxes on one spot stops within a few lists of the limit.
     PUBLISH_EVERY = 4096
-    MAX_RUNS = 64                   # chunk runs: one a thread, up to this many (see Chunks)
-    COUNTER_STRIDE = 16             # a run's counter every 64 bytes
 
 
 ctypedef struct Limit:              # update(max_fat_pairs=...) on threads: what the lists may still gain
@@ -89,44 +89,24 @@ cdef int64_t list_gain(const TreeCore *t, const Partners *p, int32_t proxy, cons
     return gain
 
 
-# A job's chunks of FIND_CHUNK proxies are cut into one run a thread, in slot order, and a thread takes
-# its own run's chunks first, then the others' that are left. The stages after the finding (the edits,
-# the flips) cut the lists by slot range the same way, so a thread mostly writes lists its own core
-# wrote last, rather than fetching each from the other core's cache. Which thread takes a chunk
-# changes no answer: every chunk's answer is laid out by its place, not by its taker.
-ctypedef struct Chunks:
-    dbvt_counter taken[MAX_RUNS * COUNTER_STRIDE]   # per run, at [COUNTER_STRIDE * run]: a cache line each
-    int64_t first[MAX_RUNS + 1]     # run r holds chunks first[r] to first[r + 1] - 1
+ctypedef struct Chunks:             # a job's chunks of FIND_CHUNK proxies, taken a run a thread first
+    Runs runs
     int64_t n                       # proxies
-    int runs
 
 
 cdef void chunks_init(Chunks *c, int64_t n, int threads) noexcept nogil:
-    cdef int64_t total = (n + FIND_CHUNK - 1) // FIND_CHUNK
-    cdef int r
     c.n = n
-    c.runs = max(1, min(threads, MAX_RUNS))
-    for r in range(c.runs + 1):
-        c.first[r] = total * r // c.runs
-    for r in range(c.runs):
-        counter_set(&c.taken[COUNTER_STRIDE * r], 0)
+    runs_init(&c.runs, (n + FIND_CHUNK - 1) // FIND_CHUNK, threads)
 
 
 cdef inline bint take_chunk(Chunks *c, int worker, int64_t *chunk, int64_t *start, int64_t *end) noexcept nogil:
-    """The next chunk `worker` takes: its run's next, else another run's; False when none is left."""
-    cdef int k, r
-    cdef int64_t i
-    for k in range(c.runs):
-        r = (worker + k) % c.runs
-        if counter_get(&c.taken[COUNTER_STRIDE * r]) >= c.first[r + 1] - c.first[r]:
-            continue
-        i = counter_take(&c.taken[COUNTER_STRIDE * r])
-        if i < c.first[r + 1] - c.first[r]:
-            chunk[0] = c.first[r] + i
-            start[0] = chunk[0] * FIND_CHUNK
-            end[0] = min(start[0] + FIND_CHUNK, c.n)
-            return True
-    return False
+    """The next chunk `worker` takes (see Runs: the edits and flips that follow are cut by slot range,
+    as the runs are); False when none is left."""
+    if not runs_take(&c.runs, worker, chunk):
+        return False
+    start[0] = chunk[0] * FIND_CHUNK
+    end[0] = min(start[0] + FIND_CHUNK, c.n)
+    return True
 
 
 ctypedef struct FindJob:

@@ -52,3 +52,21 @@ cdef extern from *:
     int64_t add_fetch "dbvt_add_fetch"(int64_t *count, int64_t value) noexcept nogil
     unsigned char byte_get "dbvt_byte_get"(unsigned char *byte) noexcept nogil
     void byte_set "dbvt_byte_set"(unsigned char *byte, unsigned char value) noexcept nogil
+
+
+cdef enum:
+    MAX_RUNS = 64                   # runs of work: one a thread, up to this many (see Runs)
+    COUNTER_STRIDE = 16             # a run's counter every 64 bytes, so that threads share no line
+
+
+# Work items (chunks of proxies) cut into one run a thread, in order, each thread taking its
+# own run's items first and then what is left of the others'. Work that follows is often cut by
+# ranges in the same order (a range of proxy slots a thread), so each core mostly writes what it wrote
+# last instead of fetching it from the other core's cache. Who takes an item must change no answer.
+ctypedef struct Runs:
+    dbvt_counter taken[MAX_RUNS * COUNTER_STRIDE]   # per run, at [COUNTER_STRIDE * run]: items taken
+    int64_t first[MAX_RUNS + 1]     # run r holds items first[r] to first[r + 1] - 1
+    int runs
+
+cdef void runs_init(Runs *r, int64_t items, int threads) noexcept nogil
+cdef bint runs_take(Runs *r, int worker, int64_t *item) noexcept nogil

@@ -59,3 +59,28 @@ cdef void run_parts(PartTask task, void *context, int parts) noexcept nogil:
         if calls[i].started:
             pthread_join(calls[i].thread, NULL)
     free(calls)
+
+
+cdef void runs_init(Runs *r, int64_t items, int threads) noexcept nogil:
+    cdef int k
+    r.runs = max(1, min(threads, MAX_RUNS))
+    for k in range(r.runs + 1):
+        r.first[k] = items * k // r.runs
+    for k in range(r.runs):
+        counter_set(&r.taken[COUNTER_STRIDE * k], 0)
+
+
+cdef bint runs_take(Runs *r, int worker, int64_t *item) noexcept nogil:
+    """The next item `worker` takes: its run's next, else another run's; False when none is left."""
+    cdef int k, run
+    cdef int64_t i, size
+    for k in range(r.runs):
+        run = (worker + k) % r.runs
+        size = r.first[run + 1] - r.first[run]
+        if counter_get(&r.taken[COUNTER_STRIDE * run]) >= size:
+            continue
+        i = counter_take(&r.taken[COUNTER_STRIDE * run])
+        if i < size:
+            item[0] = r.first[run] + i
+            return True
+    return False
