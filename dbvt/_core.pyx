@@ -1232,9 +1232,9 @@ cdef inline bint classify_node(const Kind *kind, const Query *q, const float *bo
     cdef uint32_t bits
     cdef int j
     if Kind is BoxKind or Kind is FatBoxKind:
-        if not boxes_overlap(q.box, box):
+        if not meet(q.box, box):
             return False
-        if box_contains(q.box, box):
+        if holds(q.box, box):
             pending[0] = 0
         return True
     elif Kind is SphereKind:
@@ -1264,9 +1264,9 @@ cdef inline bint test_leaf(const Kind *kind, const Query *q, const Proxy *leaf, 
     cdef int j
     cdef const float *tight = leaf.tight
     if Kind is FatBoxKind:
-        return boxes_overlap(q.box, leaf.fat)
+        return meet(q.box, leaf.fat)
     elif Kind is BoxKind:
-        return boxes_overlap(q.box, tight)
+        return meet(q.box, tight)
     elif Kind is SphereKind:
         return sphere_gap(q, tight) <= q.radius_sq
     elif Kind is RayKind:
