@@ -40,15 +40,16 @@ cdef inline bint tight_overlap(const TreeCore *t, int32_t a, int32_t b) noexcept
 
 
 cdef inline int32_t partners_place(const int32_t *items, int32_t count, int32_t other) noexcept nogil:
-    """Where `other`'s entry is or would go in a sorted list (binary search)."""
-    cdef int32_t lo = 0, hi = count, mid
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if (items[mid] >> 1) < other:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
+    """Where `other`'s entry is or would go in a sorted list (binary search). The halving takes no
+    branch: which half holds a partner is a coin toss, a missed guess at every step."""
+    cdef int32_t base = 0, half
+    if count == 0:
+        return 0
+    while count > 1:
+        half = count >> 1
+        base += half * ((items[base + half] >> 1) < other)
+        count -= half
+    return base + ((items[base] >> 1) < other)
 
 
 cdef inline int32_t *partners_find(const Partners *p, int32_t other) noexcept nogil:
