@@ -21,7 +21,7 @@ cdef enum:
     RADIX_FROM = 2048   # from this many pairs, a radix sort: a dense step's 5,000 pair changes took 7 %
                         # of it in quicksort's comparisons
     RADIX_BITS = 11     # a radix pass's digit: 2,048 counters stay in L1
-    RANK_SORT_UP_TO = 32  # up to this many distinct int32s, sort_distinct_int32 ranks them
+    RANK_SORT_UP_TO = 64  # up to this many distinct int32s, sort_distinct_int32 ranks them
 
 ctypedef fused Sortable:
     int32_t
