@@ -12,7 +12,7 @@ from libc.stdint cimport INT32_MAX, int32_t, int64_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, llabs, malloc, realloc
 from libc.string cimport memcpy, memmove, memset
 
-from dbvt._parallel cimport counter_set, counter_take, dbvt_counter, run_parts
+from dbvt._parallel cimport counter_get, counter_set, counter_take, dbvt_counter, run_parts
 
 cdef extern from *:
     """
@@ -837,6 +837,10 @@ cdef enum:
     NO_SPLIT = 255                  # a row whose leaf is not below a subtree's root; a node above them
     LABEL_GROUP = 16
     LATER = 1                       # deferred: a row visited once, whose edit waits for the last pass
+    # When at least one proxy in this many moves, the subtrees are labelled from the top down (every
+    # leaf once, the nodes in about the order they lie in memory) rather than by climbing from each
+    # moved leaf (a cache miss on its proxy, then on each parent not yet in cache).
+    LABEL_DOWN_SHARE = 4
     UNVISITED = 2                   # deferred: a row the threads left alone (its leaf is above the subtrees)
 
 ctypedef struct SplitMoves:
@@ -858,7 +862,10 @@ ctypedef struct SplitMoves:
     int64_t *counts                 # [part * MAX_SPLITS + split]: positions, then where they go
     int64_t starts[MAX_SPLITS + 1]
     int64_t *dealt                  # rows by subtree, in the batch's order inside each
+    int32_t roots[MAX_SPLITS]       # the subtrees' roots
+    uint8_t *leaf_split             # NULL, or per proxy slot: the subtree its leaf is in, or NO_SPLIT
     dbvt_counter next
+    dbvt_counter failed
 
 
 cdef bint place_below(TreeCore *t, int32_t proxy, const float *tight, const float *fat,
@@ -895,18 +902,49 @@ cdef bint place_below(TreeCore *t, int32_t proxy, const float *tight, const floa
     return True
 
 
-cdef void label_part(void *context, int part) noexcept nogil:
-    """Each position's subtree (the first marked node above its leaf), counted a run of positions a
-    part. The climbs' steps are cache misses, one after another in each, so LABEL_GROUP positions
-    climb side by side, a level a round, each fetching its next node while the others take their
-    turn."""
+cdef void leaf_split_part(void *context, int part) noexcept nogil:
+    """Label the leaves of a run of subtrees a part, from their roots down (leaf_split)."""
     cdef SplitMoves *m = <SplitMoves *>context
     cdef const TreeCore *t = m.t
-    cdef int64_t base = m.n * part // m.parts, last = m.n * (part + 1) // m.parts
+    cdef int split
+    cdef int32_t ref
+    cdef Stack stack
+    memset(&stack, 0, sizeof(Stack))
+    for split in range(m.splits * part // m.parts, m.splits * (part + 1) // m.parts):
+        stack.count = 0
+        if stack_push(&stack, m.roots[split], 0) != 0:
+            counter_set(&m.failed, 1)
+            break
+        while stack.count:
+            stack.count -= 1
+            ref = stack.entries[stack.count].ref
+            if ref < 0:
+                m.leaf_split[~ref] = <uint8_t>split
+            elif stack_push(&stack, t.nodes[ref].child[1], 0) != 0 or stack_push(&stack, t.nodes[ref].child[0], 0) != 0:
+                counter_set(&m.failed, 1)
+                break
+    stack_free(&stack)
+
+
+cdef void label_part(void *context, int part) noexcept nogil:
+    """Each position's subtree (the first marked node above its leaf), counted a run of positions a
+    part: read from leaf_split when it was labelled from the top down, else climbed to. The climbs'
+    steps are cache misses, one after another in each, so LABEL_GROUP positions climb side by side,
+    a level a round, each fetching its next node while the others take their turn."""
+    cdef SplitMoves *m = <SplitMoves *>context
+    cdef const TreeCore *t = m.t
+    cdef int64_t base = m.n * part // m.parts, last = m.n * (part + 1) // m.parts, i
     cdef int32_t at[LABEL_GROUP]
     cdef uint8_t mark[LABEL_GROUP]
     cdef int count, j, climbing
     cdef uint8_t label
+    if m.leaf_split != NULL:
+        for i in range(base, last):
+            label = m.leaf_split[m.proxies[m.order[i]]]
+            if label != NO_SPLIT:
+                m.counts[part * MAX_SPLITS + label] += 1
+            m.labels[i] = label
+        return
     while base < last:
         count = <int>min(<int64_t>LABEL_GROUP, last - base)
         for j in range(count):
@@ -1036,6 +1074,7 @@ cdef int core_move_split(TreeCore *t, const int32_t *proxies, const int64_t *ord
     for k in range(count):
         if level[k] >= 0:
             m.marks[level[k]] = <uint8_t>(1 + m.splits)
+            m.roots[m.splits] = level[k]
             m.splits += 1
     if threads == 1:
         # Stage 2, on one thread: the rows in the batch's order, each kept inside its subtree. Edits
@@ -1045,7 +1084,18 @@ cdef int core_move_split(TreeCore *t, const int32_t *proxies, const int64_t *ord
             m.deferred[order[i]] = 0 if move_row(&m, order[i], True, True) else LATER
     else:
         # Stage 2: each row's subtree, and the rows dealt by subtree, keeping the batch's order.
+        m.leaf_split = NULL
+        if n * LABEL_DOWN_SHARE >= t.proxy_count:
+            m.leaf_split = <uint8_t *>malloc(max(t.proxy_capacity, 1) * sizeof(uint8_t))
+            counter_set(&m.failed, 0 if m.leaf_split != NULL else 1)
+            if m.leaf_split != NULL:
+                memset(m.leaf_split, NO_SPLIT, t.proxy_capacity * sizeof(uint8_t))
+                run_parts(leaf_split_part, &m, m.parts)
+            if counter_get(&m.failed):
+                free(m.leaf_split); free(m.marks); free(m.labels); free(m.deferred); free(m.counts); free(m.dealt)
+                return -1
         run_parts(label_part, &m, m.parts)
+        free(m.leaf_split)
         for split in range(m.splits):
             m.starts[split] = total
             for part in range(m.parts):

@@ -637,6 +637,31 @@ def test_a_large_batch_of_moves_edits_subtrees_on_threads_as_one_thread(dims):
         assert worlds[0].stats()["height"] <= 2 * math.log2(n)
 
 
+def test_a_large_batch_moving_a_fraction_of_the_world_labels_subtrees_by_climbing_as_one_thread():
+    """When fewer than a quarter of the proxies move (here 68,000 of 280,000), the threads find each
+    moved leaf's subtree by climbing from it rather than labelling every leaf from the top down: the
+    trees and pairs must still be one thread's."""
+    n, moving = 280_000, 68_000
+    world = W1World(n, 3, seed=33)
+    rng = np.random.default_rng(33)
+    boxes = world.boxes.astype(np.float32)
+    worlds = [dbvt.Broadphase(dims=3, threads=threads) for threads in (1, 2)]
+    for structure in worlds:
+        structure.create(world.ids, boxes)
+        structure.update()
+    for step in range(2):
+        rows = rng.choice(n, moving, replace=False)
+        boxes[rows] += rng.normal(0, 1.5, (moving, 1)).astype(np.float32)
+        answers = []
+        for structure in worlds:
+            structure.move(world.ids[rows], boxes[rows])
+            answers.append(structure.update()[:2])
+        for got, expected in zip(answers[1], answers[0]):
+            np.testing.assert_array_equal(got, expected)
+        assert worlds[0].to_bytes() == worlds[1].to_bytes()
+    worlds[1].validate()
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("dims", [3, 2])
 def test_a_large_batch_of_moves_refits_the_nodes_above_the_subtrees(dims, threads):
