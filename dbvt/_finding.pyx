@@ -40,17 +40,6 @@ cdef inline bint past_limit(Limit *limit, int64_t *tally, int64_t gain, bint chu
     return counter_get(&limit.stopped)
 
 
-cdef inline int64_t first_at_least(const int32_t *ascending, int64_t n, int32_t value) noexcept nogil:
-    cdef int64_t lo = 0, hi = n, mid
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if ascending[mid] < value:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
-
-
 cdef inline int side_gain(const TreeCore *t, int32_t proxy, int32_t other) noexcept nogil:
     """The entries a new pair adds to the lists: both sides, but a pair of two refreshed proxies is
     counted once, at the lower of the two."""
@@ -233,8 +222,8 @@ ctypedef struct RefreshJob:
     const int32_t *refat            # ascending, each once, all flagged PROXY_REFAT
     int64_t n
     Limit limit
-    unsigned char *merged           # per refat proxy: 1 once its list holds its partners
-    unsigned char *merged_slots     # under a limit, the same per proxy slot, which other threads read
+    unsigned char *merged           # per proxy slot: 1 once its list holds its partners (read by the
+                                    # other threads under a limit, see merged_gain)
     Edits *mirrors                  # one a thread: changes to lists of proxies that kept their fat boxes...
     Edits *pending                  # ...and, under a limit, to those of refreshed ones, for after a stop
     Refreshed *done                 # one a thread, kept in its locals while it works (see find_worker)
@@ -356,15 +345,13 @@ cdef void refresh_worker(void *context, int worker) noexcept nogil:
                 counter_set(&job.failed, 1)
                 break
             if job.limit.room >= 0:
-                gain = list_gain(job.t, &job.partners[proxy], proxy, hits.proxies, hits.count, job.merged_slots)
+                gain = list_gain(job.t, &job.partners[proxy], proxy, hits.proxies, hits.count, job.merged)
             if (not same_partners(&job.partners[proxy], hits.proxies, hits.count)
                     and merge_own(job.t, job.partners, proxy, &hits, &mirrors,
                                   &pending if job.limit.room >= 0 else NULL, &done) != 0):
                 counter_set(&job.failed, 1)
                 break
-            job.merged[i] = 1
-            if job.merged_slots != NULL:
-                byte_set(&job.merged_slots[proxy], 1)
+            byte_set(&job.merged[proxy], 1)
             if job.limit.room >= 0 and past_limit(&job.limit, &tally, gain, i + 1 == end):
                 break
     stack_free(&stack)
@@ -372,6 +359,17 @@ cdef void refresh_worker(void *context, int worker) noexcept nogil:
     job.mirrors[worker] = mirrors
     job.pending[worker] = pending
     job.done[worker] = done
+
+
+cdef inline int64_t first_at_least(const int32_t *ascending, int64_t n, int32_t value) noexcept nogil:
+    cdef int64_t lo = 0, hi = n, mid
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if ascending[mid] < value:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
 
 
 cdef inline int32_t part_start(const TreeCore *t, int part, int parts) noexcept nogil:
@@ -397,7 +395,7 @@ cdef int make_pending(RefreshJob *job, const Edits *pending, int32_t lo, int32_t
     cdef int64_t k
     for k in range(pending.count):
         edit = &pending.items[k]
-        if edit.owner < lo or edit.owner >= hi or job.merged[first_at_least(job.refat, job.n, edit.owner)]:
+        if edit.owner < lo or edit.owner >= hi or job.merged[edit.owner]:
             continue
         if edit.kind == EDIT_ADD:
             if partners_insert(&job.partners[edit.owner], edit.value, False) != 0:
@@ -435,7 +433,7 @@ cdef void mirror_part(void *context, int part) noexcept nogil:
     for i in range(first_at_least(job.refat, job.n, lo), job.n):
         if job.refat[i] >= hi:
             break
-        if job.merged[i]:
+        if job.merged[job.refat[i]]:
             job.t.proxies[job.refat[i]].flags &= ~PROXY_REFAT
 
 
@@ -460,18 +458,15 @@ cdef int refresh_all(TreeCore *t, const Finder *f, Partners *partners, const int
     job.n = n
     job.limit.room = room
     job.workers = <int>max(1, min(<int64_t>threads, n // FIND_CHUNK))
-    job.merged = <unsigned char *>calloc(max(n, 1), sizeof(unsigned char))
+    job.merged = <unsigned char *>calloc(max(t.proxy_capacity, 1), sizeof(unsigned char))
     job.mirrors = <Edits *>calloc(job.workers, sizeof(Edits))
     job.pending = <Edits *>calloc(job.workers, sizeof(Edits))
     job.done = <Refreshed *>calloc(job.workers, sizeof(Refreshed))
     job.fixes = <Refreshed *>calloc(job.workers, sizeof(Refreshed))
-    if room >= 0:
-        job.merged_slots = <unsigned char *>calloc(max(t.proxy_capacity, 1), sizeof(unsigned char))
     chunks_init(&job.chunks, n, job.workers)
     counter_set(&job.failed, 0)
     counter_set(&job.limit.stopped, 0)
-    if (job.merged == NULL or job.mirrors == NULL or job.pending == NULL or job.done == NULL or job.fixes == NULL
-            or (room >= 0 and job.merged_slots == NULL)):
+    if job.merged == NULL or job.mirrors == NULL or job.pending == NULL or job.done == NULL or job.fixes == NULL:
         status = -1
     else:
         run_parts(refresh_worker, &job, job.workers)
@@ -487,7 +482,6 @@ cdef int refresh_all(TreeCore *t, const Finder *f, Partners *partners, const int
             free(job.mirrors[w].items)
             free(job.pending[w].items)
     free(job.merged)
-    free(job.merged_slots)
     free(job.mirrors)
     free(job.pending)
     free(job.done)
