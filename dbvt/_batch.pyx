@@ -22,6 +22,10 @@ cdef enum:
                         # of it in quicksort's comparisons
     RADIX_BITS = 11     # a radix pass's digit: 2,048 counters stay in L1
     RANK_SORT_UP_TO = 64  # up to this many distinct int32s, sort_distinct_int32 ranks them
+    # From this many int32s (a sphere sensor's partners, some 200), a radix sort: quicksort's
+    # comparisons on them are coin tosses, a missed guess each other item.
+    RADIX_INT32_FROM = 128
+    RADIX_INT32_BITS = 11
 
 ctypedef fused Sortable:
     int32_t
@@ -73,7 +77,61 @@ cdef void sort_items(Sortable *items, int64_t n) noexcept nogil:
     if Sortable is IdPair:
         if n >= RADIX_FROM and radix_pairs(items, n) == 0:
             return
+    if Sortable is int32_t:
+        if n >= RADIX_INT32_FROM and radix_int32(items, n) == 0:
+            return
     quicksort_items(items, n)
+
+
+cdef int radix_int32(int32_t *items, int64_t n) noexcept nogil:
+    """Non-negative int32s sorted with a least-significant-digit radix sort, in as few passes of at
+    most RADIX_INT32_BITS as the bits they use need (two for proxy numbers under 2^22). -1, untouched,
+    when one is negative or memory ran out."""
+    cdef int32_t counts[1 << RADIX_INT32_BITS]
+    cdef int32_t *spare
+    cdef int32_t *source = items
+    cdef int32_t *target
+    cdef int32_t *swap
+    cdef uint32_t used = 0, digit, mask
+    cdef int32_t total, count
+    cdef int64_t i
+    cdef int bits = 0, passes, width, shift = 0
+    for i in range(n):
+        used |= <uint32_t>items[i]
+    if used >> 31:
+        return -1
+    while (used >> bits) != 0:
+        bits += 1
+    passes = (bits + RADIX_INT32_BITS - 1) // RADIX_INT32_BITS
+    if passes == 0:
+        return 0
+    width = (bits + passes - 1) // passes
+    mask = (<uint32_t>1 << width) - 1
+    spare = <int32_t *>malloc(n * sizeof(int32_t))
+    if spare == NULL:
+        return -1
+    target = spare
+    while shift < passes * width:
+        memset(counts, 0, (mask + 1) * sizeof(int32_t))
+        for i in range(n):
+            counts[(<uint32_t>source[i] >> shift) & mask] += 1
+        total = 0
+        for digit in range(mask + 1):
+            count = counts[digit]
+            counts[digit] = total
+            total += count
+        for i in range(n):
+            digit = (<uint32_t>source[i] >> shift) & mask
+            target[counts[digit]] = source[i]
+            counts[digit] += 1
+        swap = source
+        source = target
+        target = swap
+        shift += width
+    if source != items:
+        memcpy(items, source, n * sizeof(int32_t))
+    free(spare)
+    return 0
 
 
 cdef int radix_pairs(IdPair *pairs, int64_t n) noexcept nogil:

@@ -73,6 +73,18 @@ cdef extern from *:
     double above "dbvt_above"(double x, double y) noexcept nogil
     double below "dbvt_below"(double x, double y) noexcept nogil
 
+
+cdef inline double ball_gap_sq(const double *centre, const float *box, int dims) noexcept nogil:
+    """The squared distance from `centre` to the closest point of `box`, over `dims` axes: the one
+    computation of it that a sphere sensor's partners are decided with, so that a walk and a lookup
+    agree bit for bit."""
+    cdef double gap, distance_sq = 0.0
+    cdef int i
+    for i in range(dims):
+        gap = above(above(<double>box[i] - centre[i], centre[i] - <double>box[i + 3]), 0.0)
+        distance_sq += gap * gap
+    return distance_sq
+
 # A flag that threads share (a C11 atomic int; plain reads and writes of it are sequentially
 # consistent): the wide view's, which one query batch may rebuild while another reads it.
 cdef extern from *:
@@ -143,11 +155,13 @@ cdef enum QueryKind:
     QUERY_RAY
     QUERY_FRUSTUM
     QUERY_FAT_BOX                   # a box against the leaves' fat boxes
+    QUERY_FAT_BALL                  # a sphere sensor's reach: leaves' fat boxes that meet the box and
+                                    # touch the ball (center, radius_sq) inside it
 
 ctypedef struct Query:
     QueryKind kind
-    float box[6]                    # QUERY_BOX, QUERY_FAT_BOX: the query box
-    double center[3]                # QUERY_SPHERE
+    float box[6]                    # QUERY_BOX, QUERY_FAT_BOX, QUERY_FAT_BALL: the query box
+    double center[3]                # QUERY_SPHERE, QUERY_FAT_BALL (0 on the axes a world lacks)
     double radius_sq
     double origin[3]                # QUERY_RAY: the segment is origin + t * delta, t in [0, 1]
     double delta[3]

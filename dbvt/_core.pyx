@@ -1255,6 +1255,17 @@ cdef inline double sphere_reach(const Query *q, const float *b) noexcept nogil:
     return reach
 
 
+cdef inline double ball_far_sq(const double *centre, const float *b) noexcept nogil:
+    """Squared distance from `centre` to the box's furthest corner, rounded as ball_gap_sq rounds: no
+    point of the box, nor of a box inside it, is farther by ball_gap_sq."""
+    cdef double far = 0.0, gap
+    cdef int i
+    for i in range(3):
+        gap = above(<double>b[i + 3] - centre[i], centre[i] - <double>b[i])
+        far += gap * gap
+    return far
+
+
 # The kind of a query is a type, so each walk is compiled once per kind with its predicates inlined
 # and no per-node dispatch.
 ctypedef struct BoxKind:
@@ -1267,6 +1278,8 @@ ctypedef struct FrustumKind:
     char unused
 ctypedef struct FatBoxKind:         # a box against the leaves' fat boxes: the broadphase's candidates
     char unused
+ctypedef struct FatBallKind:        # a sphere sensor's candidates: its reach's ball, not its whole box
+    char unused
 
 ctypedef fused Kind:
     BoxKind
@@ -1274,6 +1287,7 @@ ctypedef fused Kind:
     RayKind
     FrustumKind
     FatBoxKind
+    FatBallKind
 
 
 cdef inline bint classify_node(const Kind *kind, const Query *q, const float *box, uint32_t *pending) noexcept nogil:
@@ -1285,6 +1299,13 @@ cdef inline bint classify_node(const Kind *kind, const Query *q, const float *bo
         if not meet(q.box, box):
             return False
         if holds(q.box, box):
+            pending[0] = 0
+        return True
+    elif Kind is FatBallKind:
+        # Pruned by the same gap its leaves are tested with: a leaf's gap is no less than its node's.
+        if not meet(q.box, box) or ball_gap_sq(q.center, box, 3) > q.radius_sq:
+            return False
+        if holds(q.box, box) and ball_far_sq(q.center, box) <= q.radius_sq:
             pending[0] = 0
         return True
     elif Kind is SphereKind:
@@ -1315,6 +1336,8 @@ cdef inline bint test_leaf(const Kind *kind, const Query *q, const Proxy *leaf, 
     cdef const float *tight = leaf.tight
     if Kind is FatBoxKind:
         return meet(q.box, leaf.fat)
+    elif Kind is FatBallKind:
+        return meet(q.box, leaf.fat) and ball_gap_sq(q.center, leaf.fat, 3) <= q.radius_sq
     elif Kind is BoxKind:
         return meet(q.box, tight)
     elif Kind is SphereKind:
@@ -1426,4 +1449,6 @@ cdef int walk(const TreeCore *t, Query *q, Stack *stack, Hits *hits) noexcept no
         return walk_kind(<RayKind *>NULL, t, q, stack, hits)
     if q.kind == QUERY_FAT_BOX:
         return walk_kind(<FatBoxKind *>NULL, t, q, stack, hits)
+    if q.kind == QUERY_FAT_BALL:
+        return walk_kind(<FatBallKind *>NULL, t, q, stack, hits)
     return walk_kind(<FrustumKind *>NULL, t, q, stack, hits)

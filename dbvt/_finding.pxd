@@ -10,10 +10,10 @@ from libc.string cimport memcpy
 
 from dbvt._batch cimport drop_repeats, sort_distinct_int32, sort_int32
 from dbvt._core cimport (
-    PROXY_SENSOR, PROXY_SENSOR_SPHERE, QUERY_FAT_BOX, Hits, PairBuffer, Query, Stack, TreeCore, listed_allowed, walk,
+    PROXY_SENSOR, PROXY_SENSOR_SPHERE, QUERY_FAT_BALL, QUERY_FAT_BOX, Hits, PairBuffer, Query, Stack, TreeCore, listed_allowed, walk,
 )
 from dbvt._partners cimport Partners
-from dbvt._sensors cimport SensorIndex, ball_touches, index_find, reach_ball, within_reach
+from dbvt._sensors cimport SensorIndex, index_find, reach_ball, within_reach
 
 cdef enum:
     FIND_CHUNK = 64                 # proxies a thread takes at a time
@@ -52,8 +52,7 @@ cdef inline int find_partners(const Finder *f, int32_t proxy, Stack *stack, Hits
     """Append to `hits` the partners of `proxy`'s fat box: the proxies whose fat boxes it overlaps
     (within reach, when either is a sphere sensor) and that may pair with it, sorted, each once."""
     cdef const TreeCore *t = f.t
-    cdef bint sensor = (t.proxies[proxy].flags & PROXY_SENSOR) != 0, reach, ball, grid = False
-    cdef double centre[3]
+    cdef bint sensor = (t.proxies[proxy].flags & PROXY_SENSOR) != 0, reach = False, grid = False
     cdef double radius
     cdef Query q
     cdef int64_t start = hits.count, h, kept = hits.count
@@ -66,12 +65,15 @@ cdef inline int find_partners(const Finder *f, int32_t proxy, Stack *stack, Hits
     q.skip_flags = PROXY_SENSOR if f.sensors else 0
     q.first_hit = False
     memcpy(q.box, t.proxies[proxy].fat, sizeof(q.box))
+    # A sphere sensor's reach is the ball in its fat box (see _sensors.pxd): the walk opens only the
+    # nodes that ball touches, and its leaves are the partners' candidates with nothing left to test.
+    q.center[2] = 0.0
+    if ((t.proxies[proxy].flags & PROXY_SENSOR_SPHERE) != 0
+            and reach_ball(t.proxies[proxy].fat, t.dims, q.center, &radius)):
+        q.kind = QUERY_FAT_BALL
+        q.radius_sq = radius * radius
     if walk(t, &q, stack, hits) != 0:
         return -1
-    # The walk finds fat boxes that overlap; a sphere sensor's reach is smaller (see _sensors.pxd).
-    reach = sensor
-    ball = ((t.proxies[proxy].flags & PROXY_SENSOR_SPHERE) != 0
-            and reach_ball(t.proxies[proxy].fat, t.dims, centre, &radius))
     if f.sensors and not sensor:
         found = index_find(f.sensor_index, t, q.box, hits)     # only sensors within reach
         if found == 1:
@@ -85,8 +87,7 @@ cdef inline int find_partners(const Finder *f, int32_t proxy, Stack *stack, Hits
     for h in range(start, hits.count):
         other = hits.proxies[h]
         if (other != proxy and listed_allowed(t, f.groups, f.masks, proxy, other)
-                and (not reach or (ball_touches(centre, radius, t.proxies[other].fat, t.dims) if ball
-                                   else reach_allows(t, proxy, other)))):
+                and (not reach or reach_allows(t, proxy, other))):
             hits.proxies[kept] = other
             kept += 1
     if grid:

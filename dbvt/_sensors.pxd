@@ -11,7 +11,7 @@ from libc.math cimport INFINITY, nextafterf, sqrt
 from libc.stdint cimport int32_t, int64_t, uint32_t
 from libc.string cimport memcpy
 
-from dbvt._core cimport PROXY_SENSOR_BOX, PROXY_SENSOR_SPHERE, Hits, TreeCore, above, boxes_overlap
+from dbvt._core cimport PROXY_SENSOR_BOX, PROXY_SENSOR_SPHERE, Hits, TreeCore, above, ball_gap_sq, boxes_overlap
 
 
 cdef enum:
@@ -134,12 +134,7 @@ cdef inline bint reach_ball(const float *fat, int dims, double *centre, double *
 
 
 cdef inline bint ball_touches(const double *centre, double radius, const float *box, int dims) noexcept nogil:
-    cdef double gap, distance_sq = 0.0
-    cdef int i
-    for i in range(dims):
-        gap = above(above(<double>box[i] - centre[i], centre[i] - <double>box[i + 3]), 0.0)
-        distance_sq += gap * gap
-    return distance_sq <= radius * radius
+    return ball_gap_sq(centre, box, dims) <= radius * radius
 
 
 cdef inline bint within_reach(const float *fat, unsigned int flags, const float *box, int dims) noexcept nogil:

@@ -400,6 +400,39 @@ def test_a_sphere_sensor_reaches_the_ball_in_its_fat_box_not_the_corners():
         real.validate()
 
 
+@pytest.mark.parametrize("dims", [2, 3])
+def test_large_sphere_sensors_walk_their_balls_and_list_hundreds_of_partners(dims):
+    """A sphere sensor's partner refresh walks only the nodes its reach's ball touches, and takes
+    whole the nodes inside it; its hundreds of partners are then sorted by radix. Every list must
+    match validate()'s walk of the whole tree, and every event the reference's, as the sensors sweep
+    through a crowd on a lattice (boxes exactly on the ball's edge are common)."""
+    rng = np.random.default_rng(31 + dims)
+    real = dbvt.Broadphase(dims=dims, margin=0.25)
+    ref = reference.Broadphase(dims=dims, margin=0.25)
+    lows = rng.integers(-40, 40, size=(900, dims)).astype(np.float32) / np.float32(2)
+    proxies = np.concatenate([lows, lows + np.float32(0.5)], axis=1)
+    centres = rng.integers(-10, 10, size=(4, dims)).astype(np.float32)
+    radius = np.float32(15)
+    for world in (real, ref):
+        world.create(np.arange(900, dtype=np.uint64), proxies)
+        world.create(np.arange(1000, 1004, dtype=np.uint64), np.concatenate([centres - radius, centres + radius], 1),
+                     sensor="sphere")
+    velocity = rng.choice([-0.75, -0.25, 0.25, 0.75], size=(4, dims)).astype(np.float32)
+    for tick in range(16):
+        centres += velocity
+        movers = rng.choice(900, size=150, replace=False)
+        proxies[movers] += np.tile(rng.choice([-0.5, 0, 0.5], size=(150, dims)).astype(np.float32), 2)
+        for world in (real, ref):
+            world.move(np.arange(1000, 1004, dtype=np.uint64), np.concatenate([centres - radius, centres + radius], 1))
+            world.move(movers.astype(np.uint64), proxies[movers])
+        for got, expected in zip(real.update(), ref.update()):
+            np.testing.assert_array_equal(got, expected)
+        for got, expected in zip(real.sensor_events(), ref.sensor_events()):
+            np.testing.assert_array_equal(got, expected)
+        real.validate()
+    assert len(real.sensor_pairs()) > 4 * 128
+
+
 @pytest.mark.parametrize("kind", ["box", "sphere"])
 @pytest.mark.parametrize("dims", [2, 3])
 def test_sensors_at_the_limits_of_float32_reach_everything_they_must(dims, kind):
