@@ -40,6 +40,8 @@ def test_wire_bench_makes_its_w1_data_and_runs(capsys):
         assert re.search(figure + r"  [<>]= [\d.]+( ms|x): (met|NOT met) \(\d of \d (runs|rounds)\)", line), line
     assert "no directory given: making W1 data" in out.err
     assert "server run 1/1: 4 steps\n" in out.err and "\r" not in out.err, "one plain line per phase"
+    # The box queries and the ingest are timed in pairs, the server's and the in-process one's back to back.
+    assert "box queries and ingest, in pairs, run 1/1\n" in out.err
 
 
 def test_two_worlds_count_only_the_work_inside_the_window():

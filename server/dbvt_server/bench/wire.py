@@ -12,7 +12,11 @@ tick-by-tick figure stand two controls: bare gRPC with the same message sizes an
 and the in-process step taken after its thread has slept as long as a
 world thread does between ticks. Move-only ingest streams every step's moves again, all pipelined,
 to a query-only world (track_pairs=False, so nothing comes back but the tick) that has seen every
-step once before. The two-busy-worlds figures are described in dbvt_server.bench.parallel. Last,
+step once before. The box queries and the ingest are timed in pairs, a call or pass through the
+server and the same in process back to back (alternately first), and a run's ratio is the median of
+its pairs' ratios: the two halves of a pair run within milliseconds of each other, so the machine's
+drift, which moves these short figures by more than their difference, cancels. The
+two-busy-worlds figures are described in dbvt_server.bench.parallel. Last,
 each wire target of issue 17 is shown as the issue states it, with its median and range over the
 runs (the two busy worlds: over the rounds) and whether the median meets it.
 """
@@ -58,10 +62,10 @@ def fresh_world(client: Client, name: str, track_pairs: bool = True):
     return client.create_world(name, dims=3, margin=0.05, track_pairs=track_pairs)
 
 
-# A pass of the ingest takes about 0.1 s at W1's 100k: each run times this many, keeping the median.
-INGEST_PASSES = 3
-# Box-query calls per run, of which the median is kept.
-QUERY_CALLS = 3
+# A pass of the ingest takes about 0.1 s at W1's 100k: each run times this many pairs of passes.
+INGEST_PAIRS = 5
+# Pairs of box-query calls per run; also the calls dbvt_server.bench.paired takes the median of.
+QUERY_CALLS = 5
 # Batches in flight when steps are streamed ahead: a game loop sends tick t+1 before reading tick t.
 STEPS_AHEAD = 2
 # Tick by tick, a world's thread sleeps for the round trip between steps; a sleeping thread wakes to
@@ -70,17 +74,13 @@ STEPS_AHEAD = 2
 REST_BEFORE_STEP = 0.002
 
 
-def pipelined_ingest(stream, work: Workload, passes: int = 1) -> float:
-    """Seconds to send every step's moves, pipelined, and collect the answers at the end; the median
-    of `passes` passes, one after another."""
-    seconds = []
-    for _ in range(passes):
-        started = time.perf_counter()
-        pending = [stream.submit(move=(work.move_ids[step], work.move_boxes[step])) for step in range(work.steps)]
-        for future in pending:
-            future.result()
-        seconds.append(time.perf_counter() - started)
-    return statistics.median(seconds)
+def pipelined_ingest(stream, work: Workload) -> float:
+    """Seconds to send every step's moves, pipelined, and collect the answers at the end."""
+    started = time.perf_counter()
+    pending = [stream.submit(move=(work.move_ids[step], work.move_boxes[step])) for step in range(work.steps)]
+    for future in pending:
+        future.result()
+    return time.perf_counter() - started
 
 
 def steps_ahead(stream, work: Workload) -> tuple[float, list[int]]:
@@ -107,9 +107,10 @@ def median_call(call) -> float:
     return statistics.median(seconds)
 
 
-def wire_run(client: Client, work: Workload, progress: Progress) -> dict:
+def wire_run(client: Client, work: Workload, progress: Progress):
     """One pass over the workload through the server: creation, the steps tick by tick and then with
-    STEPS_AHEAD in flight (each on a new world), queries, ingest."""
+    STEPS_AHEAD in flight, each on a new world; the figures, and the second world, kept for the
+    paired queries."""
     name = "dbvt-bench"
     world = fresh_world(client, name)
     started = time.perf_counter()
@@ -129,17 +130,9 @@ def wire_run(client: Client, work: Workload, progress: Progress) -> dict:
     pairs = len(world.apply(create=(work.ids, work.boxes)).begun)
     with world.stream() as stream:
         ahead_seconds, changes = steps_ahead(stream, work)
-    query_seconds = median_call(lambda: world.query_aabb(work.q_aabb))
-    client.delete_world(name)
-    quiet = fresh_world(client, name + "-query-only", track_pairs=False)
-    quiet.apply(create=(work.ids, work.boxes))
-    with quiet.stream() as stream:
-        pipelined_ingest(stream, work)      # the history the other worlds had, untimed
-        quiet_ingest_seconds = pipelined_ingest(stream, work, INGEST_PASSES)
-    client.delete_world(quiet.name)
     return dict(create=create_seconds, step=statistics.median(step_seconds), ahead=ahead_seconds / work.steps,
-                quiet_ingest=quiet_ingest_seconds, query=query_seconds, answer_bytes=statistics.median(answer_bytes),
-                pair_counts=[pair_counts, [int(c) for c in pairs + np.cumsum(changes)]])
+                answer_bytes=statistics.median(answer_bytes),
+                pair_counts=[pair_counts, [int(c) for c in pairs + np.cumsum(changes)]]), world
 
 
 def local_steps(work: Workload, progress: Progress | None = None, rest: float = 0.0):
@@ -165,33 +158,69 @@ def local_steps(work: Workload, progress: Progress | None = None, rest: float = 
     return broadphase, create_seconds, step_seconds
 
 
-def local_run(work: Workload, progress: Progress) -> dict:
-    """The same pass on an in-process dbvt.Broadphase. It can only go tick by tick, so the figure
-    beside the wire's steps in flight (total time / steps) is its mean step."""
+def local_run(work: Workload, progress: Progress):
+    """The same pass on an in-process dbvt.Broadphase; the figures, and the broadphase, kept for the
+    paired queries. It can only go tick by tick, so the figure beside the wire's steps in flight
+    (total time / steps) is its mean step."""
+    broadphase, create_seconds, step_seconds = local_steps(work, progress)
+    rested_seconds = local_steps(work, rest=REST_BEFORE_STEP)[2]
+    return dict(create=create_seconds, step=statistics.median(step_seconds), ahead=statistics.mean(step_seconds),
+                rested_step=statistics.median(rested_seconds)), broadphase
+
+
+def local_ingest(broadphase, work: Workload) -> float:
+    """The calls a server makes for the ingest's batches, timed as pipelined_ingest() is."""
+    started = time.perf_counter()
+    for step in range(work.steps):
+        broadphase.move(work.move_ids[step], work.move_boxes[step])
+        broadphase.update()
+    return time.perf_counter() - started
+
+
+def in_pairs(wire_side, local_side, pairs: int) -> tuple[list[float], list[float]]:
+    """Each side's seconds, `pairs` times, the two back to back and alternately first."""
+    seconds: tuple[list[float], list[float]] = ([], [])
+    for pair in range(pairs):
+        for index in ((0, 1) if pair % 2 == 0 else (1, 0)):
+            started = time.perf_counter()
+            (wire_side, local_side)[index]()
+            seconds[index].append(time.perf_counter() - started)
+    return seconds
+
+
+def paired_queries(world, broadphase, work: Workload, wire: dict, local: dict) -> None:
+    """Every box query in one call, through the server and in process on the same tree, QUERY_CALLS
+    pairs of calls after one untimed call each (which rebuilds the wide view after the steps) whose
+    answers must agree. The run's ratio is the median of the pairs' ratios."""
+    offsets, hits = world.query_aabb(work.q_aabb)
+    expected_offsets, expected_hits = broadphase.query_aabb(work.q_aabb)
+    if not (np.array_equal(offsets, expected_offsets) and np.array_equal(hits, expected_hits)):
+        raise SystemExit("the server's box queries differ from the in-process dbvt.Broadphase's")
+    seconds = in_pairs(lambda: world.query_aabb(work.q_aabb), lambda: broadphase.query_aabb(work.q_aabb),
+                       QUERY_CALLS)
+    wire["query"], local["query"] = statistics.median(seconds[0]), statistics.median(seconds[1])
+    wire["query_ratio"] = statistics.median(w / l for w, l in zip(*seconds))
+
+
+def paired_ingest(client: Client, work: Workload, wire: dict, local: dict) -> None:
+    """The move-only ingest through the server and in process, each on a query-only world that has
+    seen every step once (untimed), INGEST_PAIRS pairs of passes. The run's ratio is the median of
+    the pairs' in-process seconds over the wire's (throughput over throughput)."""
     from dbvt import Broadphase
 
-    broadphase, create_seconds, step_seconds = local_steps(work, progress)
-    query_seconds = median_call(lambda: broadphase.query_aabb(work.q_aabb))
-    rested_seconds = local_steps(work, rest=REST_BEFORE_STEP)[2]
-    quiet = Broadphase(dims=3, margin=0.05, track_pairs=False)
-    quiet.create(work.ids, work.boxes)
-    quiet.update()
-    local_ingest(quiet, work)
-    return dict(create=create_seconds, step=statistics.median(step_seconds), ahead=statistics.mean(step_seconds),
-                rested_step=statistics.median(rested_seconds), query=query_seconds,
-                quiet_ingest=local_ingest(quiet, work, INGEST_PASSES))
-
-
-def local_ingest(broadphase, work: Workload, passes: int = 1) -> float:
-    """The calls a server makes for the ingest's batches, timed as pipelined_ingest() is."""
-    seconds = []
-    for _ in range(passes):
-        started = time.perf_counter()
-        for step in range(work.steps):
-            broadphase.move(work.move_ids[step], work.move_boxes[step])
-            broadphase.update()
-        seconds.append(time.perf_counter() - started)
-    return statistics.median(seconds)
+    quiet = fresh_world(client, "dbvt-bench-query-only", track_pairs=False)
+    quiet.apply(create=(work.ids, work.boxes))
+    broadphase = Broadphase(dims=3, margin=0.05, track_pairs=False)
+    broadphase.create(work.ids, work.boxes)
+    broadphase.update()
+    with quiet.stream() as stream:
+        pipelined_ingest(stream, work)
+        local_ingest(broadphase, work)
+        seconds = in_pairs(lambda: pipelined_ingest(stream, work), lambda: local_ingest(broadphase, work),
+                           INGEST_PAIRS)
+    client.delete_world(quiet.name)
+    wire["quiet_ingest"], local["quiet_ingest"] = statistics.median(seconds[0]), statistics.median(seconds[1])
+    wire["ingest_ratio"] = statistics.median(l / w for w, l in zip(*seconds))
 
 
 def median_of(runs: list[dict], key: str) -> float:
@@ -240,9 +269,9 @@ def targets(wire: list[dict], local: list[dict], queries: int, parallel_wire: di
          [((w["step"] - l["step"]) - w["floor"]) * 1e3 for w, l in zip(wire, local)], "<= 0.3 ms", 0.3, None,
          "runs"),
         # Throughput against throughput: the in-process seconds over the wire's, for the same moves.
-        ("move-only ingest, x in-process throughput",
-         [l["quiet_ingest"] / w["quiet_ingest"] for w, l in zip(wire, local)], ">= 0.6x", None, 0.6, "runs"),
-        (f"{queries // 1000}k box queries in one call, x in-process", ratios(wire, local, "query"),
+        ("move-only ingest, x in-process throughput", [w["ingest_ratio"] for w in wire], ">= 0.6x", None, 0.6,
+         "runs"),
+        (f"{queries // 1000}k box queries in one call, x in-process", [w["query_ratio"] for w in wire],
          "<= 1.3x", 1.3, None, "runs"),
     ]
     for key, label in (("query", "query calls"), ("steps", "W1 steps")):
@@ -262,8 +291,11 @@ def report(work: Workload, wire: list[dict], local: list[dict]) -> list[str]:
     total_moves = moves * work.steps
 
     def row(label: str, key: str, scale: float, digits: int) -> str:
+        # Where the sides ran in pairs, the run's ratio is its pairs' median (paired_queries).
+        ratio = statistics.median(w[key + "_ratio"] for w in wire) if key + "_ratio" in wire[0] else \
+            ratio_of(wire, local, key)
         return (f"{label:40}{median_of(wire, key) * scale:14.{digits}f}{median_of(local, key) * scale:12.{digits}f}"
-                f"{ratio_of(wire, local, key):8.2f}")
+                f"{ratio:8.2f}")
 
     lines = [
         f"W1: N={n}, {work.steps} steps of {moves} moves, {len(work.q_aabb)} box queries; "
@@ -285,7 +317,8 @@ def report(work: Workload, wire: list[dict], local: list[dict]) -> list[str]:
         f"{'  the same, M moves/s with pair changes':40}{moves / median_of(wire, 'ahead') / 1e6:14.2f}"
         f"{moves / median_of(local, 'ahead') / 1e6:12.2f}",
         f"{'move-only ingest (query-only world), M/s':40}{total_moves / median_of(wire, 'quiet_ingest') / 1e6:14.2f}"
-        f"{total_moves / median_of(local, 'quiet_ingest') / 1e6:12.2f}",
+        f"{total_moves / median_of(local, 'quiet_ingest') / 1e6:12.2f}"
+        f"{statistics.median(w['ingest_ratio'] for w in wire):8.2f}",
         row(f"{len(work.q_aabb) // 1000}k box queries in one call, ms", "query", 1e3, 2),
     ]
     if work.expected is not None:
@@ -319,11 +352,23 @@ def run(args, facts: dict) -> int:
             wire, local = [], []
             for attempt in range(args.repeats):
                 label = f"run {attempt + 1}/{args.repeats}"
+                stepped = {}
+
+                def on_wire():
+                    figures, stepped["wire"] = wire_run(client, work, Progress(f"server {label}", work.steps))
+                    wire.append(figures)
+
+                def in_process():
+                    figures, stepped["local"] = local_run(work, Progress(f"in-process {label}", work.steps))
+                    local.append(figures)
+
                 # Alternately first, so that neither side always runs right after the other.
-                sides = [lambda: wire.append(wire_run(client, work, Progress(f"server {label}", work.steps))),
-                         lambda: local.append(local_run(work, Progress(f"in-process {label}", work.steps)))]
-                for side in sides[::1 if attempt % 2 == 0 else -1]:
+                for side in (on_wire, in_process)[::1 if attempt % 2 == 0 else -1]:
                     side()
+                sys.stderr.write(f"box queries and ingest, in pairs, {label}\n")
+                paired_queries(stepped["wire"], stepped["local"], work, wire[-1], local[-1])
+                client.delete_world(stepped["wire"].name)
+                paired_ingest(client, work, wire[-1], local[-1])
                 sys.stderr.write(f"bare gRPC round trips {label}\n")
                 wire[-1]["floor"] = wire_floor(work, wire[-1], local[-1])
             sys.stderr.write("two busy worlds...\n")
