@@ -1,10 +1,14 @@
-"""dbvt_client.serialized writes exactly the bytes the generated messages' SerializeToString() does."""
+"""dbvt_client.serialized writes exactly the bytes the generated messages' SerializeToString() does, and
+reads the query answers as their FromString() does."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from google.protobuf.message import DecodeError
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from dbvt_client.serialized import serialized
+from dbvt_client.serialized import reader, serialized, varint
 from dbvt_proto.v1 import broadphase_pb2 as pb
 
 IDS = np.array([0, 1, 2**64 - 1], np.uint64)
@@ -53,3 +57,64 @@ def test_what_cannot_be_serialized_is_refused():
         serialized(pb.BatchResult, tick=-1)
     with pytest.raises(ValueError, match="cannot hold 4294967296"):
         serialized(pb.QueryAabbRequest, count=2**32)
+
+
+ANSWERS = [pb.QueryAabbResponse, pb.RaycastResponse, pb.QueryNearestResponse]
+
+
+def _read_fields(message_class, read) -> dict:
+    return {field.name: getattr(read, field.name) for field in message_class.DESCRIPTOR.fields}
+
+
+def _message_fields(message) -> dict:
+    return {field.name: getattr(message, field.name) for field in message.DESCRIPTOR.fields}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(ANSWERS), st.data())
+def test_answers_read_in_place_as_the_generated_message_reads_them(message_class, data):
+    """Each field read as protobuf reads it: also given twice (the last counts), among unknown fields
+    of every wire type, and beside a known field number with the wrong wire type (passed over, as
+    an unknown field is); bytes come as views."""
+    def fields():
+        values = {}
+        for field in message_class.DESCRIPTOR.fields:
+            if data.draw(st.booleans()):
+                values[field.name] = (data.draw(st.binary(max_size=40)) if field.type == field.TYPE_BYTES
+                                      else data.draw(st.integers(0, 2**64 - 1)))
+        return values
+
+    pieces = [message_class(**fields()).SerializeToString() for _ in range(data.draw(st.integers(1, 3)))]
+    unknown = [varint(99 << 3 | 0) + varint(2**63), varint(1 << 3 | 2) + varint(1) + b"x",
+               varint(1 << 3 | 1) + bytes(8), varint(3 << 3 | 0) + varint(7), varint(98 << 3 | 1) + bytes(8), varint(97 << 3 | 5) + bytes(4),
+               varint(96 << 3 | 2) + varint(3) + b"abc"]
+    pieces += data.draw(st.lists(st.sampled_from(unknown), max_size=3))
+    wire = b"".join(data.draw(st.permutations(pieces)))
+    read = reader(message_class)(wire)
+    expected = _message_fields(message_class.FromString(wire))
+    assert {name: bytes(value) if isinstance(value, memoryview) else value
+            for name, value in _read_fields(message_class, read).items()} == expected
+    hits = read.hits
+    assert isinstance(hits, memoryview) and (not len(hits) or hits.obj is wire), "a view of the answer received"
+
+
+@pytest.mark.parametrize("wire, problem", [
+    (b"\x1a\x05ab", "runs past the end"),                       # hits: 5 bytes announced, 2 given
+    (b"\x08" + b"\xff" * 11, "varint runs past"),                # tick: an endless varint
+    (b"\x0b", "wire type 3"),                                   # a group, which proto3 has not
+])
+def test_answers_that_protobuf_refuses_are_refused(wire, problem):
+    with pytest.raises(DecodeError):
+        pb.QueryAabbResponse.FromString(wire)
+    with pytest.raises(DecodeError, match=problem):
+        reader(pb.QueryAabbResponse)(wire)
+
+
+def test_integers_past_their_width_are_cut_to_it_as_protobuf_cuts_them():
+    wire = varint(1 << 3) + varint(2**69 + 5)        # tick: ten bytes, 70 bits
+    assert reader(pb.QueryAabbResponse)(wire).tick == pb.QueryAabbResponse.FromString(wire).tick == 5
+
+
+def test_only_answers_of_bytes_and_unsigned_fields_are_read():
+    with pytest.raises(TypeError, match="QueryAabbRequest.world is not read"):
+        reader(pb.QueryAabbRequest)

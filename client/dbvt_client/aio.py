@@ -13,7 +13,7 @@ from dbvt_client.client import (DEFAULT_MAX_PROXIES_PER_WORLD, DEFAULT_MAX_WORLD
 from dbvt_client.errors import DbvtError, Unavailable, WrongServer, from_exception, from_rpc_error, from_stream_status
 from dbvt_client.results import BatchResult, Crossings, Hits, NearestHits, RayHits, Snapshot, WorldInfo
 from dbvt_client.transport import (ANSWERED_IN_PARTS, QUERY_FIELDS, Connection, answer_too_big, batch_streams,
-                                   local_transport, query_answer, query_set)
+                                   local_transport, query_answer, query_methods, query_set)
 from dbvt_proto.v1 import broadphase_pb2 as pb
 from dbvt_proto.v1 import broadphase_pb2_grpc as pb_grpc
 
@@ -49,6 +49,7 @@ class _AsyncGrpcTransport:
     def __init__(self, connection: Connection):
         self._channel = connection.channel(grpc.aio)
         self._stub = pb_grpc.BroadphaseServiceStub(self._channel)
+        self._queries = query_methods(self._channel)
         self._stream_batches = batch_streams(self._channel)
         self._timeout = connection.timeout
         self._metadata = connection.metadata
@@ -66,7 +67,7 @@ class _AsyncGrpcTransport:
             return await self.unary(method, requests[0])
         if len(requests) == 1:
             try:
-                return await getattr(self._stub, method)(requests[0], timeout=self._timeout, metadata=self._metadata)
+                return await self._queries[method](requests[0], timeout=self._timeout, metadata=self._metadata)
             except grpc.RpcError as error:
                 if not answer_too_big(error):
                     raise from_rpc_error(error) from None

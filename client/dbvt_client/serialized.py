@@ -1,4 +1,5 @@
-"""Protocol messages serialized straight from their columns, each column copied once.
+"""Protocol messages serialized straight from their columns, each column copied once, and answers read
+without copying theirs.
 
 Building a generated message copies each bytes field into it (after numpy's `tobytes()` has copied it
 out of its array), and serializing copies it twice more. For the protocol's columns, hundreds of
@@ -6,19 +7,27 @@ kilobytes to megabytes a call, those copies (and the fresh pages each may land o
 of what a call costs beyond the world's own work. `serialized()` writes the bytes the
 generated message's `SerializeToString()` would (fields in number order, as upb writes them), taking
 any C-contiguous buffer (a numpy array of the wire's dtype) for a bytes field and one copy of it.
+The other way, parsing a query's answer copies its hits into the message and reading the field
+copies them again: `reader()` makes a gRPC deserializer whose answers hold each bytes field as a
+view of the bytes received, which numpy reads in place.
 """
 from __future__ import annotations
 
 import struct
 from functools import lru_cache
 
+from types import SimpleNamespace
+
 from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import DecodeError
 
 _VARINT, _FIXED64, _LENGTH, _FIXED32 = 0, 1, 2, 5
 _UNSIGNED = {FieldDescriptor.TYPE_UINT32: 2**32, FieldDescriptor.TYPE_UINT64: 2**64,
              FieldDescriptor.TYPE_ENUM: 2**31, FieldDescriptor.TYPE_BOOL: 2}
 _FIXED = {FieldDescriptor.TYPE_DOUBLE: (_FIXED64, struct.Struct("<d")),
           FieldDescriptor.TYPE_FLOAT: (_FIXED32, struct.Struct("<f"))}
+# What reader() reads: the fields of the query answers.
+_READ = (FieldDescriptor.TYPE_BYTES, FieldDescriptor.TYPE_UINT32, FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_BOOL)
 _LENGTH_DELIMITED = (FieldDescriptor.TYPE_STRING, FieldDescriptor.TYPE_BYTES, FieldDescriptor.TYPE_MESSAGE)
 
 
@@ -107,3 +116,66 @@ def passing_bytes(serialize):
         return message if isinstance(message, bytes) else serialize(message)
 
     return serialized_message
+
+
+@lru_cache(maxsize=None)
+def _fields_read(message_class) -> dict[int, tuple[str, int]]:
+    """Each field's number: its name and, for an unsigned integer, its modulus (0 for bytes). Only
+    answers of these fields alone are read here (the query answers)."""
+    fields = {}
+    for field in message_class.DESCRIPTOR.fields:
+        if field.is_repeated or field.type not in _READ:
+            raise TypeError(f"{message_class.DESCRIPTOR.full_name}.{field.name} is not read by dbvt_client.serialized")
+        fields[field.number] = (field.name, 0 if field.type == FieldDescriptor.TYPE_BYTES else _UNSIGNED[field.type])
+    return fields
+
+
+def _varint_at(data: bytes, at: int) -> tuple[int, int]:
+    """The varint at `at`, and where the next field starts."""
+    value = shift = 0
+    while True:
+        if at >= len(data) or shift > 63:
+            raise DecodeError("a varint runs past the message or past ten bytes")
+        byte = data[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if byte < 0x80:
+            return value, at
+
+
+def reader(message_class):
+    """A gRPC deserializer of `message_class`'s serialized bytes into an object with its fields as
+    attributes, read as protobuf reads them (a field given twice keeps the last; unknown fields, and
+    known ones with another wire type, are passed over), but with each bytes field a memoryview of
+    the data rather than a copy."""
+    fields = _fields_read(message_class)
+    empty = memoryview(b"")
+    defaults = {name: empty if modulus == 0 else (False if modulus == 2 else 0)
+                for name, modulus in fields.values()}
+
+    def read(data: bytes) -> SimpleNamespace:
+        values = dict(defaults)
+        view = memoryview(data)
+        at = 0
+        while at < len(data):
+            key, at = _varint_at(data, at)
+            number, wire_type = key >> 3, key & 7
+            if wire_type == _VARINT:
+                value, at = _varint_at(data, at)
+            elif wire_type == _LENGTH:
+                size, at = _varint_at(data, at)
+                value, at = view[at:at + size], at + size
+            elif wire_type in (_FIXED64, _FIXED32):
+                value, at = None, at + (8 if wire_type == _FIXED64 else 4)
+            else:
+                raise DecodeError(f"wire type {wire_type} (field {number}) is not used by the protocol")
+            if at > len(data):
+                raise DecodeError(f"field {number} runs past the end of the message")
+            name, modulus = fields.get(number, ("", -1))
+            if modulus < 0 or wire_type != (_LENGTH if modulus == 0 else _VARINT):
+                continue    # unknown, or known with another wire type, which protobuf keeps as unknown
+            values[name] = value if modulus == 0 else (value != 0 if modulus == 2 else value % modulus)
+        return SimpleNamespace(**values)
+
+    return read

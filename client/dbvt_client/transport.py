@@ -12,7 +12,7 @@ import grpc
 from dbvt_client import parts
 from dbvt_client.errors import from_rpc_error, from_stream_status
 from dbvt_client.security import call_metadata, open_channel, tls_settings
-from dbvt_client.serialized import passing_bytes
+from dbvt_client.serialized import passing_bytes, reader
 from dbvt_proto.v1 import broadphase_pb2 as pb
 from dbvt_proto.v1 import broadphase_pb2_grpc as pb_grpc
 
@@ -37,6 +37,20 @@ def batch_streams(channel):
     return channel.stream_stream("/dbvt.v1.BroadphaseService/StreamBatches",
                                  request_serializer=passing_bytes(pb.StreamBatchesRequest.SerializeToString),
                                  response_deserializer=pb.StreamBatchesResponse.FromString, _registered_method=True)
+
+
+def query_methods(channel) -> dict:
+    """`channel`'s (grpc or grpc.aio) query methods, whose answers `serialized.reader` reads: one is a
+    megabyte of hits at times, which the generated message would copy twice more."""
+    service = pb.DESCRIPTOR.services_by_name["BroadphaseService"]
+    methods = {}
+    for name in QUERY_FIELDS:
+        method = service.methods_by_name[name]
+        methods[name] = channel.unary_unary(f"/{service.full_name}/{name}",
+                                            request_serializer=getattr(pb, method.input_type.name).SerializeToString,
+                                            response_deserializer=reader(getattr(pb, method.output_type.name)),
+                                            _registered_method=True)
+    return methods
 
 
 def answer_too_big(error: grpc.RpcError) -> bool:
@@ -100,6 +114,7 @@ class GrpcTransport:
     def __init__(self, connection: Connection):
         self._channel = connection.channel(grpc)
         self._stub = pb_grpc.BroadphaseServiceStub(self._channel)
+        self._queries = query_methods(self._channel)
         self._stream_batches = batch_streams(self._channel)
         self._timeout = connection.timeout
         self._metadata = connection.metadata
@@ -118,7 +133,7 @@ class GrpcTransport:
             return self.unary(method, requests[0])
         if len(requests) == 1:
             try:
-                return getattr(self._stub, method)(requests[0], timeout=self._timeout, metadata=self._metadata)
+                return self._queries[method](requests[0], timeout=self._timeout, metadata=self._metadata)
             except grpc.RpcError as error:
                 if not answer_too_big(error):
                     raise from_rpc_error(error) from None
