@@ -20,12 +20,12 @@ cdef enum:
     MERGE_FROM = 64     # from this many items, a short unsorted prefix before a sorted run is merged in
     RADIX_FROM = 2048   # from this many pairs, a radix sort: a dense step's 5,000 pair changes took 7 %
                         # of it in quicksort's comparisons
-    RADIX_BITS = 11     # a radix pass's digit: 2,048 counters stay in L1
+    RADIX_BITS = 11     # a radix pass's widest digit: 2,048 counters stay in L1
     RANK_SORT_UP_TO = 64  # up to this many distinct int32s, sort_distinct_int32 ranks them
     # From this many int32s (a sphere sensor's partners, some 200), a radix sort: quicksort's
     # comparisons on them are coin tosses, a missed guess each other item.
     RADIX_INT32_FROM = 128
-    RADIX_INT32_BITS = 11
+    MAX_RADIX_PASSES = 12   # a pair's two 64-bit ids in digits of at least 11 bits
 
 ctypedef fused Sortable:
     int32_t
@@ -83,101 +83,121 @@ cdef void sort_items(Sortable *items, int64_t n) noexcept nogil:
     quicksort_items(items, n)
 
 
-cdef int radix_int32(int32_t *items, int64_t n) noexcept nogil:
-    """Non-negative int32s sorted with a least-significant-digit radix sort, in as few passes of at
-    most RADIX_INT32_BITS as the bits they use need (two for proxy numbers under 2^22). -1, untouched,
-    when one is negative or memory ran out."""
-    cdef int32_t counts[1 << RADIX_INT32_BITS]
-    cdef int32_t *spare
-    cdef int32_t *source = items
-    cdef int32_t *target
-    cdef int32_t *swap
-    cdef uint32_t used = 0, digit, mask
-    cdef int32_t total, count
-    cdef int64_t i
-    cdef int bits = 0, passes, width, shift = 0
+ctypedef fused Radixed:
+    int32_t
+    IdPair
+
+
+cdef inline uint64_t digit_of(const Radixed *item, bint by_a, int shift, uint64_t mask) noexcept nogil:
+    """The digit at `shift` of an int32, or of a pair's `a` (`by_a`) or `b`."""
+    if Radixed is int32_t:
+        return (<uint32_t>item[0] >> shift) & mask
+    else:
+        return ((item.a if by_a else item.b) >> shift) & mask
+
+
+cdef void radix_pass(const Radixed *source, Radixed *target, int64_t n, bint by_a, int shift,
+                     uint64_t mask) noexcept nogil:
+    """One stable pass of a least-significant-digit radix sort: `source` into `target` by the digit at
+    `shift` (of at most RADIX_BITS bits: `mask`)."""
+    cdef int64_t counts[1 << RADIX_BITS]
+    cdef int64_t i, total = 0, count
+    cdef uint64_t digit
+    memset(counts, 0, (mask + 1) * sizeof(int64_t))
     for i in range(n):
-        used |= <uint32_t>items[i]
-    if used >> 31:
-        return -1
-    while (used >> bits) != 0:
+        counts[digit_of(&source[i], by_a, shift, mask)] += 1
+    for digit in range(mask + 1):
+        count = counts[digit]
+        counts[digit] = total
+        total += count
+    for i in range(n):
+        digit = digit_of(&source[i], by_a, shift, mask)
+        target[counts[digit]] = source[i]
+        counts[digit] += 1
+
+
+ctypedef struct RadixPlan:          # a radix sort's passes, least significant first
+    int count
+    bint by_a[MAX_RADIX_PASSES]     # a pair's `a`, or else its `b` (an int32's own bits)
+    int shift[MAX_RADIX_PASSES]
+    int width[MAX_RADIX_PASSES]     # at most RADIX_BITS
+
+
+cdef inline void plan_passes(RadixPlan *plan, uint64_t varying, bint by_a) noexcept nogil:
+    """Passes over the bits up to the highest that differs between the keys (`varying`), as few as
+    digits of at most RADIX_BITS allow, equally wide: above it every key is the same."""
+    cdef int bits = 0, passes, width, k
+    while bits < 64 and (varying >> bits) != 0:
         bits += 1
-    passes = (bits + RADIX_INT32_BITS - 1) // RADIX_INT32_BITS
-    if passes == 0:
+    passes = (bits + RADIX_BITS - 1) // RADIX_BITS
+    width = (bits + passes - 1) // passes if passes else 0
+    for k in range(passes):
+        plan.by_a[plan.count] = by_a
+        plan.shift[plan.count] = k * width
+        plan.width[plan.count] = width
+        plan.count += 1
+
+
+cdef int radix_sort(Radixed *items, int64_t n, const RadixPlan *plan) noexcept nogil:
+    """`items` sorted by the plan's passes, through a spare array of n; -1, untouched, when memory
+    ran out."""
+    cdef Radixed *spare
+    cdef Radixed *source = items
+    cdef Radixed *target
+    cdef Radixed *swap
+    cdef int k
+    if plan.count == 0:
         return 0
-    width = (bits + passes - 1) // passes
-    mask = (<uint32_t>1 << width) - 1
-    spare = <int32_t *>malloc(n * sizeof(int32_t))
+    spare = <Radixed *>malloc(n * sizeof(Radixed))
     if spare == NULL:
         return -1
     target = spare
-    while shift < passes * width:
-        memset(counts, 0, (mask + 1) * sizeof(int32_t))
-        for i in range(n):
-            counts[(<uint32_t>source[i] >> shift) & mask] += 1
-        total = 0
-        for digit in range(mask + 1):
-            count = counts[digit]
-            counts[digit] = total
-            total += count
-        for i in range(n):
-            digit = (<uint32_t>source[i] >> shift) & mask
-            target[counts[digit]] = source[i]
-            counts[digit] += 1
+    for k in range(plan.count):
+        radix_pass(source, target, n, plan.by_a[k], plan.shift[k], (<uint64_t>1 << plan.width[k]) - 1)
         swap = source
         source = target
         target = swap
-        shift += width
     if source != items:
-        memcpy(items, source, n * sizeof(int32_t))
+        memcpy(items, source, n * sizeof(Radixed))
     free(spare)
     return 0
+
+
+cdef int radix_int32(int32_t *items, int64_t n) noexcept nogil:
+    """Non-negative int32s sorted with a least-significant-digit radix sort, in as few passes of at
+    most RADIX_BITS as the bits in which they differ need (two for proxy numbers under 2^22). -1,
+    untouched, when one is negative or memory ran out."""
+    cdef RadixPlan plan
+    cdef uint32_t used = 0, varying = 0
+    cdef int64_t i
+    if n == 0:
+        return 0
+    for i in range(n):
+        used |= <uint32_t>items[i]
+        varying |= <uint32_t>(items[i] ^ items[0])
+    if used >> 31:
+        return -1
+    plan.count = 0
+    plan_passes(&plan, varying, False)
+    return radix_sort(items, n, &plan)
 
 
 cdef int radix_pairs(IdPair *pairs, int64_t n) noexcept nogil:
-    """Pairs sorted by (a, b) with a least-significant-digit radix sort over the bits the ids use (two
-    passes a key for ids under 2^22): a few passes over the pairs instead of n log n comparisons. -1,
-    untouched, when memory ran out."""
-    cdef IdPair *spare = <IdPair *>malloc(n * sizeof(IdPair))
-    cdef IdPair *source = pairs
-    cdef IdPair *target = spare
-    cdef IdPair *swap
-    cdef int64_t counts[1 << RADIX_BITS]
-    cdef int64_t i, total, count
-    cdef uint64_t used_a = 0, used_b = 0, digit
-    cdef int key, shift, bits
-    if spare == NULL:
-        return -1
+    """Pairs sorted by (a, b) with a least-significant-digit radix sort over the bits in which the ids
+    differ (two passes a key for ids under 2^22): a few passes over the pairs instead of n log n
+    comparisons. -1, untouched, when memory ran out."""
+    cdef RadixPlan plan
+    cdef uint64_t varying_a = 0, varying_b = 0
+    cdef int64_t i
+    if n == 0:
+        return 0
     for i in range(n):
-        used_a |= pairs[i].a
-        used_b |= pairs[i].b
-    for key in range(2):                    # b first: the sort of each pass keeps the order before
-        bits = 0
-        while bits < 64 and ((used_a if key else used_b) >> bits) != 0:
-            bits += 1
-        shift = 0
-        while shift < bits:
-            memset(counts, 0, sizeof(counts))
-            for i in range(n):
-                digit = ((source[i].a if key else source[i].b) >> shift) & ((1 << RADIX_BITS) - 1)
-                counts[digit] += 1
-            total = 0
-            for i in range(1 << RADIX_BITS):
-                count = counts[i]
-                counts[i] = total
-                total += count
-            for i in range(n):
-                digit = ((source[i].a if key else source[i].b) >> shift) & ((1 << RADIX_BITS) - 1)
-                target[counts[digit]] = source[i]
-                counts[digit] += 1
-            swap = source
-            source = target
-            target = swap
-            shift += RADIX_BITS
-    if source != pairs:
-        memcpy(pairs, source, n * sizeof(IdPair))
-    free(spare)
-    return 0
+        varying_a |= pairs[i].a ^ pairs[0].a
+        varying_b |= pairs[i].b ^ pairs[0].b
+    plan.count = 0
+    plan_passes(&plan, varying_b, False)    # b first: each pass keeps the order of the one before
+    plan_passes(&plan, varying_a, True)
+    return radix_sort(pairs, n, &plan)
 
 
 cdef void merge_front(Sortable *items, const Sortable *prefix, int64_t count, int64_t n) noexcept nogil:

@@ -15,10 +15,9 @@ node test never rejects a subtree that holds a hit.
 """
 from libc.math cimport INFINITY, sqrt
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
-from libc.stdlib cimport calloc, free, malloc
-from libc.string cimport memcpy
+from libc.stdlib cimport free
 
-from dbvt._batch cimport append_by_fraction, batch_reserve, sort_pairs
+from dbvt._batch cimport append_by_fraction, batch_reserve, radix_pairs, sort_pairs
 from dbvt._core cimport (
     HIT_LIMIT, NULL_REF, Batch, IdPair, PairBuffer, Stack, StackEntry, TreeCore, above, below, grow_array,
     hits_push, meet, prefetch, ref_box,
@@ -471,68 +470,17 @@ cdef inline int push_ids(PairBuffer *out, uint64_t a, uint64_t b) noexcept nogil
 
 
 cdef enum:
-    RADIX_BITS = 11                 # 2048 counts a pass: they stay in L1
-    RADIX_SIZE = 1 << RADIX_BITS
-    RADIX_PASSES = 6                # 66 bits >= a 64-bit id
+    # A tree walk finds the crossings in random id order, where a comparison sort's branches are coin
+    # tosses (on W1 at 100k it took 9 ms of a 32 ms overlap): from this many, they go by radix.
+    CROSSINGS_RADIX_FROM = 256
 
 
 cdef int sort_crossings(IdPair *pairs, int64_t n) noexcept nogil:
-    """Sort [a, b] rows: an LSD radix sort on a, then each run of equal a by b. A tree walk finds the
-    pairs in random id order, where the comparison sort's branches are coin tosses (on W1 at 100k it
-    took 9 ms of a 32 ms overlap); the radix passes are sequential, and only digits that vary get one."""
-    cdef int64_t *counts
-    cdef int64_t *count
-    cdef IdPair *scratch
-    cdef IdPair *src = pairs
-    cdef IdPair *dst
-    cdef IdPair *swap
-    cdef int64_t i, start, total, c
-    cdef int pass_, shift
-    cdef uint64_t digit, varying = 0
-    if n < 256:
+    """Sort [a, b] rows; -1 when memory ran out."""
+    if n < CROSSINGS_RADIX_FROM:
         sort_pairs(pairs, n)
         return 0
-    counts = <int64_t *>calloc(RADIX_PASSES * RADIX_SIZE, sizeof(int64_t))
-    scratch = <IdPair *>malloc(n * sizeof(IdPair))
-    if counts == NULL or scratch == NULL:
-        free(counts)
-        free(scratch)
-        return -1
-    for i in range(n):
-        varying |= pairs[i].a ^ pairs[0].a
-    for i in range(n):
-        for pass_ in range(RADIX_PASSES):
-            if (varying >> (pass_ * RADIX_BITS)) & (RADIX_SIZE - 1):
-                counts[pass_ * RADIX_SIZE + ((pairs[i].a >> (pass_ * RADIX_BITS)) & (RADIX_SIZE - 1))] += 1
-    dst = scratch
-    for pass_ in range(RADIX_PASSES):
-        shift = pass_ * RADIX_BITS
-        count = counts + pass_ * RADIX_SIZE
-        if not (varying >> shift) & (RADIX_SIZE - 1):
-            continue
-        total = 0
-        for i in range(RADIX_SIZE):
-            c = count[i]
-            count[i] = total
-            total += c
-        for i in range(n):
-            digit = (src[i].a >> shift) & (RADIX_SIZE - 1)
-            dst[count[digit]] = src[i]
-            count[digit] += 1
-        swap = src
-        src = dst
-        dst = swap
-    if src != pairs:
-        memcpy(pairs, src, n * sizeof(IdPair))
-    free(counts)
-    free(scratch)
-    start = 0
-    for i in range(1, n + 1):
-        if i == n or pairs[i].a != pairs[start].a:
-            if i - start > 1:
-                sort_pairs(pairs + start, i - start)
-            start = i
-    return 0
+    return radix_pairs(pairs, n)
 
 
 cdef int trees_overlap(const TreeCore *a, const TreeCore *b, uint32_t mask_a, const uint32_t *groups_a,

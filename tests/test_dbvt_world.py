@@ -159,13 +159,15 @@ def test_two_worlds_used_from_two_threads_answer_as_when_alone():
         assert all(np.array_equal(a, b) for a, b in zip(together[i], alone[i])), f"world {i}"
 
 
-@pytest.mark.parametrize("id_bits", [12, 40, 64])
-def test_thousands_of_pair_changes_come_sorted_whatever_the_ids(id_bits):
-    """An update with more pair changes than RADIX_FROM (2,048) sorts them by radix over the bits the
-    ids use: ids of 12 bits (two passes a key), 40 and 64 (six), pairs begun and ended in one update."""
+@pytest.mark.parametrize("id_bits, base", [(12, 0), (40, 0), (64, 0), (12, 2**62 + 2**40)])
+def test_thousands_of_pair_changes_come_sorted_whatever_the_ids(id_bits, base):
+    """An update with more pair changes than RADIX_FROM (2,048) sorts them by radix over the bits in
+    which the ids differ: ids of 12 bits (two passes a key), 40 and 64 (six), and 12 bits above a
+    base whose high bits every id shares (two), pairs begun and ended in one update."""
     rng = np.random.default_rng(id_bits)
     n = 3000
     ids = np.unique(rng.integers(0, 2 ** id_bits - 1, size=2 * n, dtype=np.uint64, endpoint=True))[:n]
+    ids = ids + np.uint64(base)
     ids = rng.permutation(ids)
     centres = rng.uniform(0, 60, size=(len(ids), 2))
     boxes = np.concatenate([centres - 1.2, centres + 1.2], axis=1).astype(np.float32)
