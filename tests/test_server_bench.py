@@ -44,6 +44,17 @@ def test_wire_bench_makes_its_w1_data_and_runs(capsys):
     assert "box queries and ingest, in pairs, run 1/1\n" in out.err
 
 
+def test_paired_calls_time_each_sides_second_call_of_two_alternately_first():
+    """No pair sets a side's warm call against the other's cold one: each side runs twice in a row and
+    the second run is timed, and the side that goes first alternates."""
+    from dbvt_server.bench.wire import in_pairs
+
+    calls = []
+    wire, local = in_pairs(lambda: calls.append("w"), lambda: calls.append("l"), 3)
+    assert "".join(calls) == "wwll" + "llww" + "wwll"
+    assert len(wire) == len(local) == 3 and all(seconds >= 0 for seconds in wire + local)
+
+
 def test_two_worlds_count_only_the_work_inside_the_window():
     from dbvt_server.bench.parallel import completed_by
 
