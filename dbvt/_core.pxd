@@ -12,7 +12,10 @@ from libc.string cimport memcpy
 cdef extern from *:
     """
     #if defined(__GNUC__) || defined(__clang__)
-    #define DBVT_PREFETCH(address) __builtin_prefetch(address)
+    /* GCC counts a prefetch as no side effect: a helper that only fetches ahead is then "pure", and
+       its call, whose result nobody uses, is deleted before it could be inlined. The empty volatile
+       asm is a side effect that costs no instruction and constrains no memory access. */
+    #define DBVT_PREFETCH(address) do { __builtin_prefetch(address); __asm__ __volatile__(""); } while (0)
     #else
     #define DBVT_PREFETCH(address) ((void)0)
     #endif
