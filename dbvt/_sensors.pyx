@@ -16,6 +16,7 @@ from dbvt._core cimport PROXY_LIVE, PROXY_SENSOR, Hits, TreeCore, grow_array, hi
 
 cdef enum:
     WIDE_CELLS = 64                 # a box over more cells than this is tested whole, not cell by cell
+    CANDIDATES = 64                 # a lookup's entries tested at a time (find_in_entries)
     # The settled grid is rebuilt once more than this share of the sensors are in the recent one:
     # each update rebuilds the recent grid, and lookups read the settled one's stale entries.
     RECENT_SHARE = 8
@@ -143,6 +144,28 @@ cdef inline bint current(const GridEntry *e, const TreeCore *t) noexcept nogil:
     return memcmp(e.fat, t.proxies[e.sensor].fat, sizeof(e.fat)) == 0
 
 
+cdef int find_in_entries(const SensorGrid *g, const TreeCore *t, const float *box, int32_t first, int32_t end,
+                         Hits *hits) noexcept nogil:
+    """grid_find's tests of entries [first, end), at most CANDIDATES, in stages. Whether an entry meets
+    the box, and then whether the box is within the sensor's reach, are coin tosses to the branch
+    predictor: those that pass are gathered without a branch. The few left are checked current."""
+    cdef int32_t passed[CANDIDATES]
+    cdef int32_t k, n = 0, reached = 0
+    cdef const GridEntry *e
+    for k in range(first, end):
+        passed[n] = k
+        n += meet(box, g.entries[k].fat)
+    for k in range(n):
+        e = &g.entries[passed[k]]
+        passed[reached] = passed[k]
+        reached += within_reach(e.fat, e.flags, box, t.dims)
+    for k in range(reached):
+        e = &g.entries[passed[k]]
+        if current(e, t) and hits_push(hits, e.sensor, 0.0) != 0:
+            return -1
+    return 0
+
+
 cdef int grid_find(const SensorGrid *g, const TreeCore *t, const float *box, Hits *hits) noexcept nogil:
     """Append to `hits` every sensor that a proxy with fat box `box` is within reach of and whose entry
     is current (some perhaps more than once: a sensor is listed in each of its cells). Returns 1, with
@@ -150,7 +173,7 @@ cdef int grid_find(const SensorGrid *g, const TreeCore *t, const float *box, Hit
     cdef int64_t low[3]
     cdef int64_t high[3]
     cdef int64_t x, y, z, b, k
-    cdef int32_t sensor
+    cdef int32_t first, sensor
     if g.cell == 0.0:
         return 0
     if not cells_of(g, box, t.dims, low, high):
@@ -159,12 +182,11 @@ cdef int grid_find(const SensorGrid *g, const TreeCore *t, const float *box, Hit
         for y in range(low[1], high[1] + 1):
             for z in range(low[2], high[2] + 1):
                 b = bucket_of(g, x, y, z)
-                for k in range(g.starts[b], g.starts[b + 1]):
-                    if (meet(box, g.entries[k].fat)
-                            and within_reach(g.entries[k].fat, g.entries[k].flags, box, t.dims)
-                            and current(&g.entries[k], t)
-                            and hits_push(hits, g.entries[k].sensor, 0.0) != 0):
+                first = g.starts[b]
+                while first < g.starts[b + 1]:
+                    if find_in_entries(g, t, box, first, min(first + CANDIDATES, g.starts[b + 1]), hits) != 0:
                         return -1
+                    first += CANDIDATES
     for k in range(g.wide_count):
         sensor = g.sensors[k]
         if (within_reach(t.proxies[sensor].fat, t.proxies[sensor].flags, box, t.dims)
