@@ -293,6 +293,26 @@ cdef void sort_distinct_int32(int32_t *items, int64_t n) noexcept nogil:
         items[rank] = value
 
 
+cdef void sort_few_int32(int32_t *items, int64_t n) noexcept nogil:
+    """sort_int32 for a few items that may repeat (a refreshed proxy's partners with the sensors the
+    grid found, some in several cells): as sort_distinct_int32, each goes where the count of those
+    below it, and of its equals before it, says."""
+    cdef int32_t copy[RANK_SORT_UP_TO]
+    cdef int32_t i, j, rank, value, count = <int32_t>n
+    if n > RANK_SORT_UP_TO:
+        sort_items(items, n)
+        return
+    memcpy(copy, items, n * sizeof(int32_t))
+    for i in range(count):
+        value = copy[i]
+        rank = 0
+        for j in range(count):
+            rank += copy[j] < value
+        for j in range(i):
+            rank += copy[j] == value
+        items[rank] = value
+
+
 cdef int64_t drop_repeats(int32_t *items, int64_t n) noexcept nogil:
     """Keep one of each run of equal items (sorted ones: each value once), in place; returns how many."""
     cdef int64_t i, kept = 0

@@ -8,7 +8,7 @@
 from libc.stdint cimport int32_t, int64_t, uint32_t
 from libc.string cimport memcpy
 
-from dbvt._batch cimport drop_repeats, sort_distinct_int32, sort_int32
+from dbvt._batch cimport drop_repeats, sort_distinct_int32, sort_few_int32
 from dbvt._core cimport (
     PROXY_SENSOR, PROXY_SENSOR_SPHERE, QUERY_FAT_BALL, QUERY_FAT_BOX, Hits, PairBuffer, Query, Stack, TreeCore, listed_allowed, walk,
 )
@@ -91,7 +91,7 @@ cdef inline int find_partners(const Finder *f, int32_t proxy, Stack *stack, Hits
             hits.proxies[kept] = other
             kept += 1
     if grid:
-        sort_int32(hits.proxies + start, kept - start)
+        sort_few_int32(hits.proxies + start, kept - start)
     else:
         sort_distinct_int32(hits.proxies + start, kept - start)      # a walk finds each leaf once
     if grid:
