@@ -6,8 +6,7 @@ from dbvt._core cimport Batch, IdPair, PairBuffer, Query, TreeCore
 
 
 cdef void sort_int32(int32_t *items, int64_t n) noexcept nogil
-cdef void sort_distinct_int32(int32_t *items, int64_t n) noexcept nogil
-cdef void sort_few_int32(int32_t *items, int64_t n) noexcept nogil
+cdef void sort_few_int32(int32_t *items, int64_t n, bint repeats) noexcept nogil
 cdef int64_t drop_repeats(int32_t *items, int64_t n) noexcept nogil
 cdef void sort_pairs(IdPair *pairs, int64_t n) noexcept nogil
 cdef int radix_pairs(IdPair *pairs, int64_t n) noexcept nogil

@@ -21,7 +21,7 @@ cdef enum:
     RADIX_FROM = 2048   # from this many pairs, a radix sort: a dense step's 5,000 pair changes took 7 %
                         # of it in quicksort's comparisons
     RADIX_BITS = 11     # a radix pass's widest digit: 2,048 counters stay in L1
-    RANK_SORT_UP_TO = 64  # up to this many distinct int32s, sort_distinct_int32 ranks them
+    RANK_SORT_UP_TO = 64  # up to this many int32s, sort_few_int32 ranks them
     # From this many int32s (a sphere sensor's partners, some 200), a radix sort: quicksort's
     # comparisons on them are coin tosses, a missed guess each other item.
     RADIX_INT32_FROM = 128
@@ -274,43 +274,38 @@ cdef void sort_int32(int32_t *items, int64_t n) noexcept nogil:
     sort_items(items, n)
 
 
-cdef void sort_distinct_int32(int32_t *items, int64_t n) noexcept nogil:
-    """sort_int32 for distinct items. A few (n <= RANK_SORT_UP_TO) go each where the count of those
-    below it says: n * n comparisons the compiler makes four at a time, without a branch. A refreshed
-    proxy's partners come from its walk in the tree's order, and sorting them by insertion missed a
-    guess at nearly every item."""
+cdef inline int32_t count_below(const int32_t *items, int32_t count, int32_t value) noexcept nogil:
+    cdef int32_t j, below = 0
+    for j in range(count):
+        below += items[j] < value
+    return below
+
+
+cdef inline int32_t count_equal(const int32_t *items, int32_t count, int32_t value) noexcept nogil:
+    cdef int32_t j, equal = 0
+    for j in range(count):
+        equal += items[j] == value
+    return equal
+
+
+cdef void sort_few_int32(int32_t *items, int64_t n, bint repeats) noexcept nogil:
+    """sort_int32 for a refreshed proxy's partners. A few (n <= RANK_SORT_UP_TO) go each where the
+    count of those below it (and, when some may `repeat`, of its equals before it) says: n * n
+    comparisons the compiler makes four at a time, without a branch. The partners come from a walk
+    in the tree's order, each once, and then, with sensors, from a grid that finds some in several
+    cells: sorting them by insertion missed a guess at nearly every item."""
     cdef int32_t copy[RANK_SORT_UP_TO]
-    cdef int32_t i, j, rank, value, count = <int32_t>n
+    cdef int32_t i, count = <int32_t>n
     if n > RANK_SORT_UP_TO:
         sort_items(items, n)
         return
     memcpy(copy, items, n * sizeof(int32_t))
-    for i in range(count):
-        value = copy[i]
-        rank = 0
-        for j in range(count):
-            rank += copy[j] < value
-        items[rank] = value
-
-
-cdef void sort_few_int32(int32_t *items, int64_t n) noexcept nogil:
-    """sort_int32 for a few items that may repeat (a refreshed proxy's partners with the sensors the
-    grid found, some in several cells): as sort_distinct_int32, each goes where the count of those
-    below it, and of its equals before it, says."""
-    cdef int32_t copy[RANK_SORT_UP_TO]
-    cdef int32_t i, j, rank, value, count = <int32_t>n
-    if n > RANK_SORT_UP_TO:
-        sort_items(items, n)
+    if not repeats:
+        for i in range(count):
+            items[count_below(copy, count, copy[i])] = copy[i]
         return
-    memcpy(copy, items, n * sizeof(int32_t))
     for i in range(count):
-        value = copy[i]
-        rank = 0
-        for j in range(count):
-            rank += copy[j] < value
-        for j in range(i):
-            rank += copy[j] == value
-        items[rank] = value
+        items[count_below(copy, count, copy[i]) + count_equal(copy, i, copy[i])] = copy[i]
 
 
 cdef int64_t drop_repeats(int32_t *items, int64_t n) noexcept nogil:

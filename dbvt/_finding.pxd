@@ -8,7 +8,7 @@
 from libc.stdint cimport int32_t, int64_t, uint32_t
 from libc.string cimport memcpy
 
-from dbvt._batch cimport drop_repeats, sort_distinct_int32, sort_few_int32
+from dbvt._batch cimport drop_repeats, sort_few_int32
 from dbvt._core cimport (
     PROXY_SENSOR, PROXY_SENSOR_SPHERE, QUERY_FAT_BALL, QUERY_FAT_BOX, Hits, PairBuffer, Query, Stack, TreeCore, listed_allowed, walk,
 )
@@ -90,10 +90,7 @@ cdef inline int find_partners(const Finder *f, int32_t proxy, Stack *stack, Hits
                 and (not reach or reach_allows(t, proxy, other))):
             hits.proxies[kept] = other
             kept += 1
-    if grid:
-        sort_few_int32(hits.proxies + start, kept - start)
-    else:
-        sort_distinct_int32(hits.proxies + start, kept - start)      # a walk finds each leaf once
+    sort_few_int32(hits.proxies + start, kept - start, grid)
     if grid:
         # A sensor the grids list in several cells is found once per cell.
         kept = start + drop_repeats(hits.proxies + start, kept - start)
