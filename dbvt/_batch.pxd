@@ -9,7 +9,6 @@ cdef void sort_int32(int32_t *items, int64_t n) noexcept nogil
 cdef void sort_few_int32(int32_t *items, int64_t n, bint repeats) noexcept nogil
 cdef int64_t drop_repeats(int32_t *items, int64_t n) noexcept nogil
 cdef void sort_pairs(IdPair *pairs, int64_t n) noexcept nogil
-cdef int radix_pairs(IdPair *pairs, int64_t n) noexcept nogil
 cdef int pairs_push(PairBuffer *buffer, uint64_t a, uint64_t b) noexcept nogil
 cdef int rows_push(PairBuffer *buffer, uint64_t a, uint64_t b) noexcept nogil
 cdef int pairs_extend(PairBuffer *buffer, const PairBuffer *more) noexcept nogil

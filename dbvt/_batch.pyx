@@ -18,8 +18,10 @@ from dbvt._wide cimport wide_serves, wide_walk
 
 cdef enum:
     MERGE_FROM = 64     # from this many items, a short unsorted prefix before a sorted run is merged in
-    RADIX_FROM = 2048   # from this many pairs, a radix sort: a dense step's 5,000 pair changes took 7 %
-                        # of it in quicksort's comparisons
+    # From this many pairs, a radix sort, whose passes cover only the bits in which the ids differ:
+    # quicksort's comparisons are coin tosses (a dense step's 5,000 pair changes took 7 % of it; an
+    # overlap's crossings, 9 ms of 32; 2,000 moving sensors taken by id, 3 % of a step).
+    RADIX_FROM = 256
     RADIX_BITS = 11     # a radix pass's widest digit: 2,048 counters stay in L1
     RANK_SORT_UP_TO = 64  # up to this many int32s, sort_few_int32 ranks them
     # From this many int32s (a sphere sensor's partners, some 200), a radix sort: quicksort's

@@ -26,9 +26,7 @@ import numpy as np
 
 from dbvt import validation
 
-from dbvt._batch cimport (
-    pairs_extend, pairs_free, pairs_push, radix_pairs, rows_push, self_pairs, sort_int32, sort_pairs,
-)
+from dbvt._batch cimport pairs_extend, pairs_free, pairs_push, rows_push, self_pairs, sort_int32, sort_pairs
 from dbvt._core cimport (
     NEWLY_MOVED, PREDICTION_STEPS, PREFETCH_AHEAD, PROXY_LIVE, PROXY_MOVED, PROXY_REFAT, PROXY_SEEN, PROXY_SENSOR,
     PROXY_SENSOR_BOX, PROXY_SENSOR_SPHERE, PROXY_STATIC, QUERY_FAT_BOX, Hits, IdPair, PairBuffer, Proxy, Query, Stack,
@@ -70,10 +68,6 @@ cdef enum:
     # From this many begun and ended pairs, threads sort the two side by side; a dense world's step
     # has tens of thousands of each, a sparse one's a few thousand (a sort of 50,000 takes ~2 ms).
     SORT_ON_THREADS_FROM = 16384
-    # From this many moved sensors, their [id, proxy] rows go by radix sort: ids made together
-    # differ in a few low bits, a pass or two, where quicksort's comparisons are coin tosses (2,000
-    # moving sensors: 3 % of the step, and the update 1-2 % faster by radix).
-    MOVED_SENSORS_RADIX_FROM = 256
 
 
 cdef object _pair_copy(const PairBuffer *buffer):
@@ -762,8 +756,7 @@ cdef class Broadphase(TreeBase):
         for m in range(self.moved_count if self.sensor_count else 0):
             if status == 0 and is_sensor(&self.core, self.moved[m]):
                 status = rows_push(&self.by_id, self.core.proxies[self.moved[m]].id, <uint64_t>self.moved[m])
-        if self.by_id.count < MOVED_SENSORS_RADIX_FROM or radix_pairs(self.by_id.pairs, self.by_id.count) != 0:
-            sort_pairs(self.by_id.pairs, self.by_id.count)
+        sort_pairs(self.by_id.pairs, self.by_id.count)
         for m in range(self.by_id.count):
             if m + 2 < self.by_id.count:
                 prefetch(&self.partners[self.by_id.pairs[m + 2].b])

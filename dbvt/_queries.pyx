@@ -17,7 +17,7 @@ from libc.math cimport INFINITY, sqrt
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libc.stdlib cimport free
 
-from dbvt._batch cimport append_by_fraction, batch_reserve, radix_pairs, sort_pairs
+from dbvt._batch cimport append_by_fraction, batch_reserve, sort_pairs
 from dbvt._core cimport (
     HIT_LIMIT, NULL_REF, Batch, IdPair, PairBuffer, Stack, StackEntry, TreeCore, above, below, grow_array,
     hits_push, meet, prefetch, ref_box,
@@ -469,20 +469,6 @@ cdef inline int push_ids(PairBuffer *out, uint64_t a, uint64_t b) noexcept nogil
     return 0
 
 
-cdef enum:
-    # A tree walk finds the crossings in random id order, where a comparison sort's branches are coin
-    # tosses (on W1 at 100k it took 9 ms of a 32 ms overlap): from this many, they go by radix.
-    CROSSINGS_RADIX_FROM = 256
-
-
-cdef int sort_crossings(IdPair *pairs, int64_t n) noexcept nogil:
-    """Sort [a, b] rows; -1 when memory ran out."""
-    if n < CROSSINGS_RADIX_FROM:
-        sort_pairs(pairs, n)
-        return 0
-    return radix_pairs(pairs, n)
-
-
 cdef int trees_overlap(const TreeCore *a, const TreeCore *b, uint32_t mask_a, const uint32_t *groups_a,
                        uint32_t mask_b, const uint32_t *groups_b, uint32_t skip, int64_t max_pairs,
                        PairBuffer *out) noexcept nogil:
@@ -554,5 +540,5 @@ cdef int trees_overlap(const TreeCore *a, const TreeCore *b, uint32_t mask_a, co
                 stack.count += meet(box_a[0], ref_box(b, pb))
     free(stack.items)
     if status == 0:
-        status = sort_crossings(out.pairs, out.count)
+        sort_pairs(out.pairs, out.count)
     return status

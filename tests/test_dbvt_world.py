@@ -161,7 +161,7 @@ def test_two_worlds_used_from_two_threads_answer_as_when_alone():
 
 @pytest.mark.parametrize("id_bits, base", [(12, 0), (40, 0), (64, 0), (12, 2**62 + 2**40)])
 def test_thousands_of_pair_changes_come_sorted_whatever_the_ids(id_bits, base):
-    """An update with more pair changes than RADIX_FROM (2,048) sorts them by radix over the bits in
+    """An update with more pair changes than RADIX_FROM (256) sorts them by radix over the bits in
     which the ids differ: ids of 12 bits (two passes a key), 40 and 64 (six), and 12 bits above a
     base whose high bits every id shares (two), pairs begun and ended in one update."""
     rng = np.random.default_rng(id_bits)
