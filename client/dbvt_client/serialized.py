@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import struct
 from functools import lru_cache
-
 from types import SimpleNamespace
 
 from google.protobuf.descriptor import FieldDescriptor
