@@ -126,11 +126,15 @@ cdef enum:
 
 # A tree reference is an int32: >= 0 names an internal node, < 0 a leaf (~proxy index).
 
-ctypedef struct Node:               # an internal node as walks see it: 32 bytes, two to a cache line
+# The pools come from malloc, which aligns to 16 bytes (glibc starts a large block 16 bytes into a
+# page), so a node or a proxy may span two cache lines. Pools aligned to 64 bytes were measured and
+# left out: the plain W1 step gained about 1.5 %, a step with sensors did not, and the ratio of the
+# two, which issue 15 bounds, rose 4 % (docs/benchmarks.md, Sensors).
+ctypedef struct Node:               # an internal node as walks see it: 32 bytes
     float box[6]                    # 24 B  bounds of everything below: min x y z, max x y z
     int32_t child[2]                # 8 B   tree references to the two children
 
-ctypedef struct Proxy:              # a leaf: 64 bytes, one cache line
+ctypedef struct Proxy:              # a leaf: 64 bytes
     float fat[6]                    # 24 B  the box the tree holds: the tight box grown when (re)inserted
     float tight[6]                  # 24 B  the user's box as given (2-D: z is 0); queries test this box
     uint64_t id                     # 8 B   the user's id
