@@ -231,7 +231,7 @@ cdef class Broadphase(TreeBase):
     cdef PairBuffer left
     cdef double *drift              # per proxy slot, once there are sensors (NULL before): the sum of its
                                     # moves' drifts (move_drift), rounded up, which budgets are set against
-    cdef int32_t *due               # scratch of _retest_sensor: the entries it must test
+    cdef int32_t *due               # scratch of _pass_sensors: two sensors' entries that they must test
     cdef int64_t due_capacity
     cdef int32_t *flips             # scratch of update(): [proxy, sensor] whose bit flips on the proxy's side
     cdef int64_t flip_count
@@ -757,13 +757,8 @@ cdef class Broadphase(TreeBase):
             if status == 0 and is_sensor(&self.core, self.moved[m]):
                 status = rows_push(&self.by_id, self.core.proxies[self.moved[m]].id, <uint64_t>self.moved[m])
         sort_pairs(self.by_id.pairs, self.by_id.count)
-        for m in range(self.by_id.count):
-            if m + 2 < self.by_id.count:
-                prefetch(&self.partners[self.by_id.pairs[m + 2].b])
-            if m + 1 < self.by_id.count:
-                prefetch_sensor_list(&self.partners[self.by_id.pairs[m + 1].b])
-            if status == 0:
-                status = self._retest(<int32_t>self.by_id.pairs[m].b, begun, ended)
+        if status == 0:
+            status = self._pass_sensors()
         self._flip_partner_sides()
         if self.threads > 1 and self.moved_count >= FIND_ON_THREADS_FROM:
             if status == 0:
@@ -899,7 +894,7 @@ cdef class Broadphase(TreeBase):
         return status
 
     cdef void _flip_partner_sides(self) noexcept nogil:
-        """Flip the bits _retest_sensor gathered on the proxies' side of their pairs: each is a search in
+        """Flip the bits the sensors' passes gathered on the proxies' side of their pairs: each is a search in
         a list far from the last, so a list's header, then its entries, are fetched ahead."""
         cdef int64_t f
         cdef const Partners *ahead
@@ -976,11 +971,10 @@ cdef class Broadphase(TreeBase):
         if (t.proxies[proxy].flags & (PROXY_LIVE | PROXY_MOVED)) != (PROXY_LIVE | PROXY_MOVED):
             return 0        # destroyed since, or listed twice
         # PROXY_SEEN marks the proxies whose pairs this update has re-tested (_track clears it): a
-        # pair of two moved proxies is tested once, by whichever comes first. A moved sensor's own pass
-        # decides every pair of its list (its budgets count both drifts), so its partners skip it too.
+        # pair of two moved proxies is tested once, by whichever comes first. The moved sensors have
+        # made their passes before (_pass_sensors): each decides every pair of its list (its budgets
+        # count both drifts), so its partners skip it.
         t.proxies[proxy].flags = (t.proxies[proxy].flags & ~PROXY_MOVED) | PROXY_SEEN
-        if is_sensor(t, proxy):
-            return self._retest_sensor(proxy)
         for k in range(mine.count):
             # Within reach of many sensors, a list grows long: fetch partners ahead.
             if k + PREFETCH_AHEAD < mine.count:
@@ -1003,36 +997,85 @@ cdef class Broadphase(TreeBase):
                 return -1
         return 0
 
-    cdef int _retest_sensor(self, int32_t sensor) noexcept nogil:
-        """A moved sensor re-tests its partners, but only those that may have changed: a pair's budget,
-        set at its last test, is the sum of the two drifts then and the slack the test found (how far
-        the boxes had to move, in sum, to reach the next threshold); while the drifts' sum stays
-        below it, the decision stands. Passing those over reads a budget and a drift per partner
-        instead of its proxy, which a sensor's long list (every proxy within its reach) would miss
-        in cache, and the shape is computed once for the whole list."""
+    cdef int _pass_sensors(self) noexcept nogil:
+        """The moved sensors' passes, in id order (see _track). A moved sensor re-tests its partners,
+        but only those that may have changed: a pair's budget, set at its last test, is the sum of the
+        two drifts then and the slack the test found (how far the boxes had to move, in sum, to reach
+        the next threshold); while the drifts' sum stays below it, the decision stands. Passing those
+        over reads a budget and a drift per partner instead of its proxy, which a sensor's long list
+        (every proxy within its reach) would miss in cache.
+
+        Each pass has two stages: which entries are due (_due_entries), then their exact tests
+        (_test_due). The next sensor's entries are found before this one's tests, so that its first
+        partners' boxes arrive while this one's are tested: the fetches ahead run on from sensor to
+        sensor instead of starting cold at each."""
+        cdef const IdPair *order = self.by_id.pairs
+        cdef int64_t count = self.by_id.count, m, longest = 0
+        cdef int32_t *due
+        cdef int32_t found[2]
+        cdef int status = 0
+        for m in range(count):
+            longest = max(longest, <int64_t>self.partners[order[m].b].count)
+        if 2 * longest > self.due_capacity:
+            due = <int32_t *>realloc(self.due, 2 * longest * sizeof(int32_t))
+            if due == NULL:
+                return -1
+            self.due = due
+            self.due_capacity = 2 * longest
+        if count:
+            found[0] = self._due_entries(<int32_t>order[0].b, self.due)
+        for m in range(count):
+            if m + 3 < count:
+                prefetch(&self.partners[order[m + 3].b])
+            if m + 2 < count:
+                prefetch_sensor_list(&self.partners[order[m + 2].b])
+            if m + 1 < count:
+                found[(m + 1) % 2] = self._due_entries(<int32_t>order[m + 1].b, self.due + ((m + 1) % 2) * longest)
+            status = self._test_due(<int32_t>order[m].b, self.due + (m % 2) * longest, found[m % 2])
+            if status != 0:
+                if m + 1 < count and found[(m + 1) % 2] >= 0:
+                    # Found due but not tested: left moved, for the next update to re-test.
+                    self.core.proxies[order[m + 1].b].flags = (
+                        self.core.proxies[order[m + 1].b].flags & ~PROXY_SEEN) | PROXY_MOVED
+                return status
+        return 0
+
+    cdef int32_t _due_entries(self, int32_t sensor, int32_t *due) noexcept nogil:
+        """Stage 1 of a moved sensor's pass: put in `due` the entries of its list whose budgets the
+        drifts may have used up, and fetch the first few partners' boxes. -1 when the sensor has no
+        pass to make (destroyed since, or listed twice); else marked as re-tested, like _retest does."""
+        cdef TreeCore *t = &self.core
+        cdef const Partners *mine = &self.partners[sensor]
+        cdef const int32_t *items = items_of(mine)
+        cdef const double *budgets = budgets_of(mine)
+        cdef double own = self.drift[sensor]
+        cdef int32_t n = 0, k
+        if (t.proxies[sensor].flags & (PROXY_LIVE | PROXY_MOVED)) != (PROXY_LIVE | PROXY_MOVED):
+            return -1
+        t.proxies[sensor].flags = (t.proxies[sensor].flags & ~PROXY_MOVED) | PROXY_SEEN
+        for k in range(mine.count):
+            due[n] = k
+            n += budgets == NULL or own + self.drift[items[k] >> 1] >= budgets[k]
+        for k in range(min(n, PREFETCH_AHEAD)):
+            prefetch(t.proxies[items[due[k]] >> 1].tight)
+        return n
+
+    cdef int _test_due(self, int32_t sensor, const int32_t *due, int32_t n) noexcept nogil:
+        """Stage 2 of a moved sensor's pass: test its `n` due entries exactly (the shape computed once
+        for them all), set their budgets anew, and gather the flips for the partners' side."""
         cdef TreeCore *t = &self.core
         cdef Partners *mine = &self.partners[sensor]
         cdef int32_t *items = items_of(mine)
         cdef double *budgets = budgets_of(mine)
         cdef double own = self.drift[sensor], slack
         cdef int64_t capacity
-        cdef int32_t *due
         cdef int32_t *flips
-        cdef int32_t n = 0, d, k, other
+        cdef int32_t d, k, other
         cdef int64_t entered = self.entered.count, left = self.left.count
         cdef bint inside, now
         cdef Shape shape
-        if mine.count > self.due_capacity:
-            capacity = max(<int64_t>mine.count, 2 * self.due_capacity)
-            due = <int32_t *>realloc(self.due, capacity * sizeof(int32_t))
-            if due == NULL:
-                return -1
-            self.due = due
-            self.due_capacity = capacity
-        due = self.due
-        for k in range(mine.count):
-            due[n] = k
-            n += budgets == NULL or own + self.drift[items[k] >> 1] >= budgets[k]
+        if n < 0:
+            return 0
         shape_of(&shape, t.proxies[sensor].tight, t.proxies[sensor].flags, t.dims, self.sensor_margin)
         for d in range(n):
             if d + PREFETCH_AHEAD < n:

@@ -64,7 +64,7 @@ cdef inline int32_t *partners_find(const Partners *p, int32_t other) noexcept no
 cdef inline double *budgets_of(const Partners *p) noexcept nogil:
     """A sensor's heap list keeps, after its `capacity` entries, a budget per entry: while the
     sensor's drift plus the partner's stays below it, the pair's decision cannot change (see
-    _retest_sensor). Only for a sensor's list; an inline one has none (NULL)."""
+    Broadphase._pass_sensors). Only for a sensor's list; an inline one has none (NULL)."""
     if p.capacity == INLINE_PARTNERS:
         return NULL
     return <double *>(p.entries.heap + p.capacity)
