@@ -70,6 +70,10 @@ cdef enum:
     SORT_ON_THREADS_FROM = 16384
 
 
+# A change to a sensor's list left for later (Broadphase.sensor_edits) has this bit set once it is made.
+cdef uint64_t EDIT_MADE = (<uint64_t>1) << 63
+
+
 cdef object _pair_copy(const PairBuffer *buffer):
     """A buffer's pairs as a `(m, 2)` uint64 array; the buffer is left as it is."""
     pairs = np.empty((buffer.count, 2), np.uint64)
@@ -237,6 +241,8 @@ cdef class Broadphase(TreeBase):
     cdef int64_t flip_count
     cdef int64_t flip_capacity
     cdef PairBuffer by_id           # scratch of update(): [id, proxy] of the moved sensors, sorted by id
+    cdef PairBuffer sensor_edits    # scratch of update(): changes to sensors' lists, left for later (see
+                                    # _merge_partners): [sensor, proxy << 1 | 1 to add, 0 to drop]
     cdef SensorIndex sensor_index   # for proxies' partner refreshes, the sensors' fat boxes cut into cells
     cdef bint sensors_stale         # sensors were created or destroyed since it was built
 
@@ -259,6 +265,7 @@ cdef class Broadphase(TreeBase):
         memset(&self.entered, 0, sizeof(PairBuffer))
         memset(&self.left, 0, sizeof(PairBuffer))
         memset(&self.by_id, 0, sizeof(PairBuffer))
+        memset(&self.sensor_edits, 0, sizeof(PairBuffer))
         self.touching = self.listed = self.inside = self.sensor_count = 0
         self.listed_limit = -1
         self.sensor_margin = 0.0
@@ -289,6 +296,7 @@ cdef class Broadphase(TreeBase):
         pairs_free(&self.entered)
         pairs_free(&self.left)
         pairs_free(&self.by_id)
+        pairs_free(&self.sensor_edits)
 
     def __repr__(self):
         tracking = "" if self.track_pairs else ", track_pairs=False"
@@ -716,6 +724,7 @@ cdef class Broadphase(TreeBase):
         cdef int64_t m
         cdef int32_t proxy
         cdef int status = 0
+        cdef int sensors
         cdef Finder finder
         cdef Stack stack
         cdef Hits hits
@@ -734,16 +743,22 @@ cdef class Broadphase(TreeBase):
         finder.masks = self.masks
         finder.sensor_index = &self.sensor_index
         finder.sensors = self.sensor_count != 0
+        self.sensor_edits.count = 0
         if self.threads > 1:
             status = self._refresh_on_threads(&finder, ended)
         else:
-            for m in range(self.moved_count):
-                proxy = self.moved[m]
-                if status == 0 and (self.core.proxies[proxy].flags & FRESH_FAT) == FRESH_FAT:
-                    hits.count = 0
-                    status = find_partners(&finder, proxy, &stack, &hits)
-                    if status == 0:
-                        status = self._merge_partners(proxy, &hits, ended)
+            # The proxies that are no sensors first, the sensors after (see _merge_partners).
+            for sensors in range(2 if self.sensor_count else 1):
+                if sensors:
+                    sort_pairs(self.sensor_edits.pairs, self.sensor_edits.count)
+                for m in range(self.moved_count):
+                    proxy = self.moved[m]
+                    if (status == 0 and (self.core.proxies[proxy].flags & FRESH_FAT) == FRESH_FAT
+                            and is_sensor(&self.core, proxy) == sensors):
+                        hits.count = 0
+                        status = find_partners(&finder, proxy, &stack, &hits)
+                        if status == 0:
+                            status = self._merge_partners(proxy, &hits, ended)
         stack_free(&stack)
         hits_free(&hits)
         # The moved sensors first, their flips on their partners' side gathered, then made with the
@@ -759,6 +774,9 @@ cdef class Broadphase(TreeBase):
         sort_pairs(self.by_id.pairs, self.by_id.count)
         if status == 0:
             status = self._pass_sensors()
+        # Even after a failure or a stop at the limit: both sides of every pair must agree.
+        if self._make_sensor_edits() != 0:
+            status = -1
         self._flip_partner_sides()
         if self.threads > 1 and self.moved_count >= FIND_ON_THREADS_FROM:
             if status == 0:
@@ -781,7 +799,7 @@ cdef class Broadphase(TreeBase):
         come out the same."""
         cdef int32_t *refat = <int32_t *>malloc(max(self.moved_count, 1) * sizeof(int32_t))
         cdef int64_t n = 0, m, room
-        cdef int status = 0
+        cdef int status = 0, sensors
         cdef const Hits *source
         cdef Hits view
         cdef Found found
@@ -809,24 +827,30 @@ cdef class Broadphase(TreeBase):
             return status
         status = find_all(finder, self.partners, refat, n, self.threads if n >= FIND_ON_THREADS_FROM else 1, room,
                           &found)
-        for m in range(n):
-            if status != 0:
-                break
-            if found.count[m] == NOT_FOUND:
-                status = FAT_LIMIT      # the threads stopped finding: the rest keep their flag
-                break
-            if found.count[m] == UNCHANGED:
-                # What _merge_partners does with the list it holds already.
-                self.core.proxies[refat[m]].flags &= ~PROXY_REFAT
-                if 0 <= self.listed_limit < self.listed:
-                    status = FAT_LIMIT
-                continue
-            # The merge works in place in the partners it is given: a view of the thread's hits.
-            source = &found.hits[found.worker[m]]
-            view.proxies = source.proxies + found.first[m]
-            view.fractions = source.fractions + found.first[m]
-            view.count = view.capacity = found.count[m]
-            status = self._merge_partners(refat[m], &view, ended)
+        for sensors in range(2 if self.sensor_count else 1):
+            # The proxies that are no sensors first, the sensors after (see _merge_partners).
+            if sensors:
+                sort_pairs(self.sensor_edits.pairs, self.sensor_edits.count)
+            for m in range(n):
+                if status != 0:
+                    break
+                if is_sensor(&self.core, refat[m]) != sensors:
+                    continue
+                if found.count[m] == NOT_FOUND:
+                    status = FAT_LIMIT      # the threads stopped finding: the rest keep their flag
+                    break
+                if found.count[m] == UNCHANGED:
+                    # What _merge_partners does with the list it holds already.
+                    self.core.proxies[refat[m]].flags &= ~PROXY_REFAT
+                    if 0 <= self.listed_limit < self.listed:
+                        status = FAT_LIMIT
+                    continue
+                # The merge works in place in the partners it is given: a view of the thread's hits.
+                source = &found.hits[found.worker[m]]
+                view.proxies = source.proxies + found.first[m]
+                view.fractions = source.fractions + found.first[m]
+                view.count = view.capacity = found.count[m]
+                status = self._merge_partners(refat[m], &view, ended)
         found_free(&found)
         free(refat)
         return status
@@ -909,7 +933,14 @@ cdef class Broadphase(TreeBase):
 
     cdef int _merge_partners(self, int32_t proxy, Hits *hits, PairBuffer *ended) noexcept nogil:
         """Replace the partner list of a proxy with a new fat box by the partners found for it (`hits`,
-        from find_partners), and both sides' lists with it."""
+        from find_partners), and both sides' lists with it.
+
+        A sensor's list is long, and the lists of the sensors that proxies' refreshes come in or go
+        out of are far apart: putting a proxy in, or taking it out, fetched half a list from memory
+        to move it. Those changes are left in `sensor_edits` instead, and made when the list is at
+        hand anyway: by the sensor's pass (_pass_sensors), by its own refresh, or at the end of the
+        update (_make_sensor_edits). Stage 1 refreshes the proxies that are no sensors first, and
+        sorts the changes before the sensors' refreshes look theirs up."""
         cdef TreeCore *t = &self.core
         cdef Partners *mine = &self.partners[proxy]
         cdef int32_t *items = items_of(mine)
@@ -918,6 +949,12 @@ cdef class Broadphase(TreeBase):
         cdef int64_t kept = hits.count
         cdef int32_t i = 0, j = 0, other, entry
         cdef int status = 0
+        if sensor:
+            # Its list may have changes pending: make them before reading it (and the list may move).
+            if self._make_edits_of(proxy) != 0:
+                return -1
+            items = items_of(mine)
+            budgets = budgets_of(mine)
         t.proxies[proxy].flags &= ~PROXY_REFAT
         # Merge old and new lists: the old entries keep their touching bit (and a sensor's, its
         # budgets, which the walk's unused fractions hold meanwhile); partners that left end their
@@ -925,14 +962,20 @@ cdef class Broadphase(TreeBase):
         while status == 0 and (i < mine.count or j < kept):
             if j == kept or (i < mine.count and (items[i] >> 1) < hits.proxies[j]):
                 entry = items[i]
-                partners_erase(&self.partners[entry >> 1], proxy, self._sensor_partner(proxy, entry >> 1))
+                if self._sensor_partner(proxy, entry >> 1):
+                    status = rows_push(&self.sensor_edits, <uint64_t>(entry >> 1), <uint64_t>proxy << 1)
+                else:
+                    partners_erase(&self.partners[entry >> 1], proxy, False)
                 self.listed -= 1
-                if entry & TOUCHING:
+                if status == 0 and entry & TOUCHING:
                     status = self._ended(proxy, entry >> 1, ended, &self.left)
                 i += 1
             elif i == mine.count or hits.proxies[j] < (items[i] >> 1):
                 other = hits.proxies[j]
-                status = partners_insert(&self.partners[other], proxy, self._sensor_partner(proxy, other))
+                if self._sensor_partner(proxy, other):
+                    status = rows_push(&self.sensor_edits, <uint64_t>other, (<uint64_t>proxy << 1) | 1)
+                else:
+                    status = partners_insert(&self.partners[other], proxy, False)
                 self.listed += 1
                 hits.proxies[j] = other << 1
                 hits.fractions[j] = -INFINITY
@@ -954,6 +997,51 @@ cdef class Broadphase(TreeBase):
         if 0 <= self.listed_limit < self.listed:
             return FAT_LIMIT
         return 0
+
+    cdef int64_t _edits_of(self, int32_t sensor, int64_t *end) noexcept nogil:
+        """Where the changes left for a sensor's list are in `sensor_edits`, once sorted: [first, end),
+        empty when there are none or they are made."""
+        cdef const IdPair *edits = self.sensor_edits.pairs
+        cdef int64_t lo = 0, hi = self.sensor_edits.count, mid
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if edits[mid].a < <uint64_t>sensor:
+                lo = mid + 1
+            else:
+                hi = mid
+        end[0] = lo
+        if lo < self.sensor_edits.count and not (edits[lo].b & EDIT_MADE):
+            while end[0] < self.sensor_edits.count and edits[end[0]].a == <uint64_t>sensor:
+                end[0] += 1
+        return lo
+
+    cdef int _make_edits_of(self, int32_t sensor) noexcept nogil:
+        """Make the changes left for a sensor's list (see _merge_partners), and mark them made."""
+        cdef IdPair *edits = self.sensor_edits.pairs
+        cdef int64_t end, e
+        cdef int64_t first = self._edits_of(sensor, &end)
+        cdef int32_t other
+        for e in range(first, end):
+            other = <int32_t>(edits[e].b >> 1)
+            if edits[e].b & 1:
+                if partners_insert(&self.partners[sensor], other, True) != 0:
+                    return -1
+            else:
+                partners_erase(&self.partners[sensor], other, True)
+        for e in range(first, end):
+            edits[e].b |= EDIT_MADE     # each: a sort may put any of them first
+        return 0
+
+    cdef int _make_sensor_edits(self) noexcept nogil:
+        """Make every change to sensors' lists still left (of sensors that neither moved nor refreshed)."""
+        cdef int64_t e
+        cdef int status = 0
+        sort_pairs(self.sensor_edits.pairs, self.sensor_edits.count)
+        for e in range(self.sensor_edits.count):
+            if status == 0 and (e == 0 or self.sensor_edits.pairs[e].a != self.sensor_edits.pairs[e - 1].a):
+                status = self._make_edits_of(<int32_t>self.sensor_edits.pairs[e].a)
+        self.sensor_edits.count = 0
+        return status
 
     cdef inline bint _sensor_partner(self, int32_t proxy, int32_t other) noexcept nogil:
         """Whether `other`, a partner of `proxy`, is a sensor: without reading its flags, a cache miss,
@@ -1008,14 +1096,17 @@ cdef class Broadphase(TreeBase):
         Each pass has two stages: which entries are due (_due_entries), then their exact tests
         (_test_due). The next sensor's entries are found before this one's tests, so that its first
         partners' boxes arrive while this one's are tested: the fetches ahead run on from sensor to
-        sensor instead of starting cold at each."""
+        sensor instead of starting cold at each. The changes stage 1 left for a list are made just
+        before its first stage, which the list was fetched ahead for."""
         cdef const IdPair *order = self.by_id.pairs
-        cdef int64_t count = self.by_id.count, m, longest = 0
+        cdef int64_t count = self.by_id.count, m, longest = 0, first, end
         cdef int32_t *due
         cdef int32_t found[2]
         cdef int status = 0
         for m in range(count):
-            longest = max(longest, <int64_t>self.partners[order[m].b].count)
+            # A list as long as it will be once the changes left for it are made.
+            first = self._edits_of(<int32_t>order[m].b, &end)
+            longest = max(longest, <int64_t>self.partners[order[m].b].count + (end - first))
         if 2 * longest > self.due_capacity:
             due = <int32_t *>realloc(self.due, 2 * longest * sizeof(int32_t))
             if due == NULL:
@@ -1023,6 +1114,8 @@ cdef class Broadphase(TreeBase):
             self.due = due
             self.due_capacity = 2 * longest
         if count:
+            if self._make_edits_of(<int32_t>order[0].b) != 0:
+                return -1
             found[0] = self._due_entries(<int32_t>order[0].b, self.due)
         for m in range(count):
             if m + 3 < count:
@@ -1030,8 +1123,10 @@ cdef class Broadphase(TreeBase):
             if m + 2 < count:
                 prefetch_sensor_list(&self.partners[order[m + 2].b])
             if m + 1 < count:
+                status = self._make_edits_of(<int32_t>order[m + 1].b)
                 found[(m + 1) % 2] = self._due_entries(<int32_t>order[m + 1].b, self.due + ((m + 1) % 2) * longest)
-            status = self._test_due(<int32_t>order[m].b, self.due + (m % 2) * longest, found[m % 2])
+            if status == 0:
+                status = self._test_due(<int32_t>order[m].b, self.due + (m % 2) * longest, found[m % 2])
             if status != 0:
                 if m + 1 < count and found[(m + 1) % 2] >= 0:
                     # Found due but not tested: left moved, for the next update to re-test.
@@ -1231,7 +1326,7 @@ cdef class Broadphase(TreeBase):
                                  + partner_bytes + (self.moved_capacity + self.due_capacity) * sizeof(int32_t)
                                  + self.flip_capacity * 2 * sizeof(int32_t) + index_bytes(&self.sensor_index)
                                  + (self.ended.capacity + self.entered.capacity + self.left.capacity
-                                    + self.leaving.capacity) * sizeof(IdPair))
+                                    + self.leaving.capacity + self.sensor_edits.capacity) * sizeof(IdPair))
         return info
 
     def validate(self):
