@@ -243,6 +243,7 @@ cdef class Broadphase(TreeBase):
     cdef PairBuffer by_id           # scratch of update(): [id, proxy] of the moved sensors, sorted by id
     cdef PairBuffer sensor_edits    # scratch of update(): changes to sensors' lists, left for later (see
                                     # _merge_partners): [sensor, proxy << 1 | 1 to add, 0 to drop]
+    cdef int64_t edit_hint          # where the last search of sensor_edits ended (_edits_of)
     cdef SensorIndex sensor_index   # for proxies' partner refreshes, the sensors' fat boxes cut into cells
     cdef bint sensors_stale         # sensors were created or destroyed since it was built
 
@@ -266,6 +267,7 @@ cdef class Broadphase(TreeBase):
         memset(&self.left, 0, sizeof(PairBuffer))
         memset(&self.by_id, 0, sizeof(PairBuffer))
         memset(&self.sensor_edits, 0, sizeof(PairBuffer))
+        self.edit_hint = 0
         self.touching = self.listed = self.inside = self.sensor_count = 0
         self.listed_limit = -1
         self.sensor_margin = 0.0
@@ -722,14 +724,8 @@ cdef class Broadphase(TreeBase):
         """Stage 1 refreshes the fat partners of proxies with new fat boxes, stage 2 re-tests the tight
         boxes of every moved proxy against its partners; the flips are the events."""
         cdef int64_t m
-        cdef int32_t proxy
         cdef int status = 0
-        cdef int sensors
         cdef Finder finder
-        cdef Stack stack
-        cdef Hits hits
-        memset(&stack, 0, sizeof(Stack))
-        memset(&hits, 0, sizeof(Hits))
         if self.sensor_count:
             if index_update(&self.sensor_index, &self.core, self.sensors_stale) != 0:
                 self.sensors_stale = True
@@ -744,34 +740,21 @@ cdef class Broadphase(TreeBase):
         finder.sensor_index = &self.sensor_index
         finder.sensors = self.sensor_count != 0
         self.sensor_edits.count = 0
+        self.by_id.count = 0
         if self.threads > 1:
             status = self._refresh_on_threads(&finder, ended)
+            for m in range(self.moved_count if self.sensor_count else 0):
+                if status == 0 and is_sensor(&self.core, self.moved[m]):
+                    status = rows_push(&self.by_id, self.core.proxies[self.moved[m]].id, <uint64_t>self.moved[m])
+            sort_pairs(self.by_id.pairs, self.by_id.count)
         else:
-            # The proxies that are no sensors first, the sensors after (see _merge_partners).
-            for sensors in range(2 if self.sensor_count else 1):
-                if sensors:
-                    sort_pairs(self.sensor_edits.pairs, self.sensor_edits.count)
-                for m in range(self.moved_count):
-                    proxy = self.moved[m]
-                    if (status == 0 and (self.core.proxies[proxy].flags & FRESH_FAT) == FRESH_FAT
-                            and is_sensor(&self.core, proxy) == sensors):
-                        hits.count = 0
-                        status = find_partners(&finder, proxy, &stack, &hits)
-                        if status == 0:
-                            status = self._merge_partners(proxy, &hits, ended)
-        stack_free(&stack)
-        hits_free(&hits)
-        # The moved sensors first, their flips on their partners' side gathered, then made with the
-        # lists fetched ahead (even after a failure, so that both sides agree); then the other moved
-        # proxies, which see the flipped bits. The sensors go by id, each sorting its own events: their
-        # rows then make one sorted run, which update() merges with the few its moved partners add
-        # instead of sorting them all.
+            status = self._refresh(&finder, ended)
+        # Stage 2: the moved sensors first (by_id), their flips on their partners' side gathered,
+        # then made with the lists fetched ahead (even after a failure, so that both sides agree);
+        # then the other moved proxies, which see the flipped bits. The sensors go by id, each
+        # sorting its own events: their rows then make one sorted run, which update() merges with
+        # the few its moved partners add instead of sorting them all.
         self.flip_count = 0
-        self.by_id.count = 0
-        for m in range(self.moved_count if self.sensor_count else 0):
-            if status == 0 and is_sensor(&self.core, self.moved[m]):
-                status = rows_push(&self.by_id, self.core.proxies[self.moved[m]].id, <uint64_t>self.moved[m])
-        sort_pairs(self.by_id.pairs, self.by_id.count)
         if status == 0:
             status = self._pass_sensors()
         # Even after a failure or a stop at the limit: both sides of every pair must agree.
@@ -791,6 +774,45 @@ cdef class Broadphase(TreeBase):
         if status == 0:
             self.moved_count = 0
         return status
+
+    cdef int _refresh(self, const Finder *finder, PairBuffer *ended) noexcept nogil:
+        """Stage 1 on one thread: the proxies that are no sensors first, gathering the moved sensors
+        (by_id) on the way, and the sensors after (see _merge_partners)."""
+        cdef int64_t m
+        cdef int32_t proxy
+        cdef uint32_t flags
+        cdef int status = 0
+        cdef Stack stack
+        cdef Hits hits
+        memset(&stack, 0, sizeof(Stack))
+        memset(&hits, 0, sizeof(Hits))
+        for m in range(self.moved_count):
+            proxy = self.moved[m]
+            flags = self.core.proxies[proxy].flags
+            if flags & PROXY_SENSOR:
+                status = rows_push(&self.by_id, self.core.proxies[proxy].id, <uint64_t>proxy)
+            elif (flags & FRESH_FAT) == FRESH_FAT:
+                status = self._refresh_one(finder, proxy, &stack, &hits, ended)
+            if status != 0:
+                break
+        sort_pairs(self.by_id.pairs, self.by_id.count)
+        sort_pairs(self.sensor_edits.pairs, self.sensor_edits.count)
+        for m in range(self.by_id.count if status == 0 else 0):
+            proxy = <int32_t>self.by_id.pairs[m].b
+            if (self.core.proxies[proxy].flags & FRESH_FAT) == FRESH_FAT:
+                status = self._refresh_one(finder, proxy, &stack, &hits, ended)
+                if status != 0:
+                    break
+        stack_free(&stack)
+        hits_free(&hits)
+        return status
+
+    cdef inline int _refresh_one(self, const Finder *finder, int32_t proxy, Stack *stack, Hits *hits,
+                                 PairBuffer *ended) noexcept nogil:
+        hits.count = 0
+        if find_partners(finder, proxy, stack, hits) != 0:
+            return -1
+        return self._merge_partners(proxy, hits, ended)
 
     cdef int _refresh_on_threads(self, const Finder *finder, PairBuffer *ended) noexcept nogil:
         """Stage 1 on threads. Without sensors, the threads merge too (refresh_all). With them, the
@@ -1000,9 +1022,17 @@ cdef class Broadphase(TreeBase):
 
     cdef int64_t _edits_of(self, int32_t sensor, int64_t *end) noexcept nogil:
         """Where the changes left for a sensor's list are in `sensor_edits`, once sorted: [first, end),
-        empty when there are none or they are made."""
+        empty when there are none or they are made. The search gallops on from where the last one
+        ended: sensors' ids, which the passes go by, mostly follow their slots."""
         cdef const IdPair *edits = self.sensor_edits.pairs
-        cdef int64_t lo = 0, hi = self.sensor_edits.count, mid
+        cdef int64_t count = self.sensor_edits.count, lo = 0, hi, mid, step = 1
+        if self.edit_hint <= count and (self.edit_hint == 0 or edits[self.edit_hint - 1].a < <uint64_t>sensor):
+            lo = self.edit_hint
+        hi = lo
+        while hi < count and edits[hi].a < <uint64_t>sensor:
+            lo = hi + 1
+            hi = min(lo + step, count)
+            step *= 2
         while lo < hi:
             mid = (lo + hi) // 2
             if edits[mid].a < <uint64_t>sensor:
@@ -1010,9 +1040,10 @@ cdef class Broadphase(TreeBase):
             else:
                 hi = mid
         end[0] = lo
-        if lo < self.sensor_edits.count and not (edits[lo].b & EDIT_MADE):
-            while end[0] < self.sensor_edits.count and edits[end[0]].a == <uint64_t>sensor:
+        if lo < count and not (edits[lo].b & EDIT_MADE):
+            while end[0] < count and edits[end[0]].a == <uint64_t>sensor:
                 end[0] += 1
+        self.edit_hint = end[0]
         return lo
 
     cdef int _make_edits_of(self, int32_t sensor) noexcept nogil:
@@ -1099,41 +1130,55 @@ cdef class Broadphase(TreeBase):
         sensor instead of starting cold at each. The changes stage 1 left for a list are made just
         before its first stage, which the list was fetched ahead for."""
         cdef const IdPair *order = self.by_id.pairs
-        cdef int64_t count = self.by_id.count, m, longest = 0, first, end
-        cdef int32_t *due
+        cdef int64_t count = self.by_id.count, m, half = self.due_capacity // 2
         cdef int32_t found[2]
         cdef int status = 0
-        for m in range(count):
-            # A list as long as it will be once the changes left for it are made.
-            first = self._edits_of(<int32_t>order[m].b, &end)
-            longest = max(longest, <int64_t>self.partners[order[m].b].count + (end - first))
-        if 2 * longest > self.due_capacity:
-            due = <int32_t *>realloc(self.due, 2 * longest * sizeof(int32_t))
-            if due == NULL:
-                return -1
-            self.due = due
-            self.due_capacity = 2 * longest
-        if count:
-            if self._make_edits_of(<int32_t>order[0].b) != 0:
-                return -1
-            found[0] = self._due_entries(<int32_t>order[0].b, self.due)
+        found[0] = found[1] = -1
+        if count and self._next_due(<int32_t>order[0].b, 0, &half, found) != 0:
+            return -1
         for m in range(count):
             if m + 3 < count:
                 prefetch(&self.partners[order[m + 3].b])
             if m + 2 < count:
                 prefetch_sensor_list(&self.partners[order[m + 2].b])
-            if m + 1 < count:
-                status = self._make_edits_of(<int32_t>order[m + 1].b)
-                found[(m + 1) % 2] = self._due_entries(<int32_t>order[m + 1].b, self.due + ((m + 1) % 2) * longest)
-            if status == 0:
-                status = self._test_due(<int32_t>order[m].b, self.due + (m % 2) * longest, found[m % 2])
+            if m + 1 < count and self._next_due(<int32_t>order[m + 1].b, (m + 1) & 1, &half, found) != 0:
+                self._still_moved(<int32_t>order[m].b, found[m & 1])
+                return -1
+            status = self._test_due(<int32_t>order[m].b, self.due + (m & 1) * half, found[m & 1])
             if status != 0:
-                if m + 1 < count and found[(m + 1) % 2] >= 0:
-                    # Found due but not tested: left moved, for the next update to re-test.
-                    self.core.proxies[order[m + 1].b].flags = (
-                        self.core.proxies[order[m + 1].b].flags & ~PROXY_SEEN) | PROXY_MOVED
+                if m + 1 < count:
+                    self._still_moved(<int32_t>order[m + 1].b, found[(m + 1) & 1])
                 return status
         return 0
+
+    cdef int _next_due(self, int32_t sensor, int slot, int64_t *half, int32_t *found) noexcept nogil:
+        """Make the changes left for a sensor's list, then its pass's first stage, into half `slot` of
+        `due` (grown as the list needs, keeping the other half's `found` entries)."""
+        cdef int64_t length
+        cdef int32_t *due
+        found[slot] = -1
+        if self._make_edits_of(sensor) != 0:
+            return -1
+        length = self.partners[sensor].count
+        if length > half[0]:
+            length = max(length, 2 * half[0])
+            due = <int32_t *>malloc(2 * length * sizeof(int32_t))
+            if due == NULL:
+                return -1
+            if found[1 - slot] > 0:
+                memcpy(due + (1 - slot) * length, self.due + (1 - slot) * half[0], found[1 - slot] * sizeof(int32_t))
+            free(self.due)
+            self.due = due
+            self.due_capacity = 2 * length
+            half[0] = length
+        found[slot] = self._due_entries(sensor, self.due + slot * half[0])
+        return 0
+
+    cdef void _still_moved(self, int32_t sensor, int32_t found) noexcept nogil:
+        """After a failure: a sensor whose due entries were found but not tested stays moved, for the
+        next update to re-test."""
+        if found >= 0:
+            self.core.proxies[sensor].flags = (self.core.proxies[sensor].flags & ~PROXY_SEEN) | PROXY_MOVED
 
     cdef int32_t _due_entries(self, int32_t sensor, int32_t *due) noexcept nogil:
         """Stage 1 of a moved sensor's pass: put in `due` the entries of its list whose budgets the
