@@ -240,7 +240,7 @@ cdef class Broadphase(TreeBase):
     cdef int32_t *flips             # scratch of update(): [proxy, sensor] whose bit flips on the proxy's side
     cdef int64_t flip_count
     cdef int64_t flip_capacity
-    cdef PairBuffer by_id           # scratch of update(): [id, proxy] of the moved sensors, sorted by id
+    cdef PairBuffer moved_sensors   # scratch of update(): [id, proxy] of the moved sensors, in proxy order
     cdef PairBuffer sensor_edits    # scratch of update(): changes to sensors' lists, left for later (see
                                     # _merge_partners): [sensor, proxy << 1 | 1 to add, 0 to drop]
     cdef int64_t edit_hint          # where the last search of sensor_edits ended (_edits_of)
@@ -265,7 +265,7 @@ cdef class Broadphase(TreeBase):
         memset(&self.leaving, 0, sizeof(PairBuffer))
         memset(&self.entered, 0, sizeof(PairBuffer))
         memset(&self.left, 0, sizeof(PairBuffer))
-        memset(&self.by_id, 0, sizeof(PairBuffer))
+        memset(&self.moved_sensors, 0, sizeof(PairBuffer))
         memset(&self.sensor_edits, 0, sizeof(PairBuffer))
         self.edit_hint = 0
         self.touching = self.listed = self.inside = self.sensor_count = 0
@@ -297,7 +297,7 @@ cdef class Broadphase(TreeBase):
         pairs_free(&self.leaving)
         pairs_free(&self.entered)
         pairs_free(&self.left)
-        pairs_free(&self.by_id)
+        pairs_free(&self.moved_sensors)
         pairs_free(&self.sensor_edits)
 
     def __repr__(self):
@@ -740,20 +740,18 @@ cdef class Broadphase(TreeBase):
         finder.sensor_index = &self.sensor_index
         finder.sensors = self.sensor_count != 0
         self.sensor_edits.count = 0
-        self.by_id.count = 0
+        self.moved_sensors.count = 0
         if self.threads > 1:
             status = self._refresh_on_threads(&finder, ended)
             for m in range(self.moved_count if self.sensor_count else 0):
                 if status == 0 and is_sensor(&self.core, self.moved[m]):
-                    status = rows_push(&self.by_id, self.core.proxies[self.moved[m]].id, <uint64_t>self.moved[m])
-            sort_pairs(self.by_id.pairs, self.by_id.count)
+                    status = rows_push(&self.moved_sensors, self.core.proxies[self.moved[m]].id,
+                                       <uint64_t>self.moved[m])
         else:
             status = self._refresh(&finder, ended)
-        # Stage 2: the moved sensors first (by_id), their flips on their partners' side gathered,
-        # then made with the lists fetched ahead (even after a failure, so that both sides agree);
-        # then the other moved proxies, which see the flipped bits. The sensors go by id, each
-        # sorting its own events: their rows then make one sorted run, which update() merges with
-        # the few its moved partners add instead of sorting them all.
+        # Stage 2: the moved sensors first (_pass_sensors), their flips on their partners' side
+        # gathered, then made with the lists fetched ahead (even after a failure, so that both sides
+        # agree); then the other moved proxies, which see the flipped bits.
         self.flip_count = 0
         if status == 0:
             status = self._pass_sensors()
@@ -777,7 +775,7 @@ cdef class Broadphase(TreeBase):
 
     cdef int _refresh(self, const Finder *finder, PairBuffer *ended) noexcept nogil:
         """Stage 1 on one thread: the proxies that are no sensors first, gathering the moved sensors
-        (by_id) on the way, and the sensors after (see _merge_partners)."""
+        (moved_sensors) on the way, and the sensors after (see _merge_partners)."""
         cdef int64_t m
         cdef int32_t proxy
         cdef uint32_t flags
@@ -790,15 +788,16 @@ cdef class Broadphase(TreeBase):
             proxy = self.moved[m]
             flags = self.core.proxies[proxy].flags
             if flags & PROXY_SENSOR:
-                status = rows_push(&self.by_id, self.core.proxies[proxy].id, <uint64_t>proxy)
+                status = rows_push(&self.moved_sensors, self.core.proxies[proxy].id, <uint64_t>proxy)
             elif (flags & FRESH_FAT) == FRESH_FAT:
                 status = self._refresh_one(finder, proxy, &stack, &hits, ended)
             if status != 0:
                 break
-        sort_pairs(self.by_id.pairs, self.by_id.count)
+        # The sensors in the proxies' order, as gathered: it follows the tree's after a build, so
+        # consecutive walks share their paths.
         sort_pairs(self.sensor_edits.pairs, self.sensor_edits.count)
-        for m in range(self.by_id.count if status == 0 else 0):
-            proxy = <int32_t>self.by_id.pairs[m].b
+        for m in range(self.moved_sensors.count if status == 0 else 0):
+            proxy = <int32_t>self.moved_sensors.pairs[m].b
             if (self.core.proxies[proxy].flags & FRESH_FAT) == FRESH_FAT:
                 status = self._refresh_one(finder, proxy, &stack, &hits, ended)
                 if status != 0:
@@ -1117,26 +1116,34 @@ cdef class Broadphase(TreeBase):
         return 0
 
     cdef int _pass_sensors(self) noexcept nogil:
-        """The moved sensors' passes, in id order (see _track). A moved sensor re-tests its partners,
-        but only those that may have changed: a pair's budget, set at its last test, is the sum of the
-        two drifts then and the slack the test found (how far the boxes had to move, in sum, to reach
-        the next threshold); while the drifts' sum stays below it, the decision stands. Passing those
-        over reads a budget and a drift per partner instead of its proxy, which a sensor's long list
-        (every proxy within its reach) would miss in cache.
+        """The moved sensors' passes (see _track). A moved sensor re-tests its partners, but only those
+        that may have changed: a pair's budget, set at its last test, is the sum of the two drifts
+        then and the slack the test found (how far the boxes had to move, in sum, to reach the next
+        threshold); while the drifts' sum stays below it, the decision stands. Passing those over
+        reads a budget and a drift per partner instead of its proxy, which a sensor's long list (every
+        proxy within its reach) would miss in cache.
+
+        The sensors go in the proxies' order, which follows the tree's after a build: one after the
+        other, they are near each other and share many partners, whose boxes and drifts are then
+        still in cache. Their events are put in id order after (_events_by_id).
 
         Each pass has two stages: which entries are due (_due_entries), then their exact tests
         (_test_due). The next sensor's entries are found before this one's tests, so that its first
         partners' boxes arrive while this one's are tested: the fetches ahead run on from sensor to
         sensor instead of starting cold at each. The changes stage 1 left for a list are made just
         before its first stage, which the list was fetched ahead for."""
-        cdef const IdPair *order = self.by_id.pairs
-        cdef int64_t count = self.by_id.count, m, half = self.due_capacity // 2
+        cdef const IdPair *order = self.moved_sensors.pairs
+        cdef int64_t count = self.moved_sensors.count, m, half = self.due_capacity // 2
+        cdef int64_t *runs = <int64_t *>malloc(2 * (count + 1) * sizeof(int64_t))
         cdef int32_t found[2]
         cdef int status = 0
         found[0] = found[1] = -1
-        if count and self._next_due(<int32_t>order[0].b, 0, &half, found) != 0:
+        if runs == NULL or (count and self._next_due(<int32_t>order[0].b, 0, &half, found) != 0):
+            free(runs)
             return -1
         for m in range(count):
+            runs[2 * m] = self.entered.count
+            runs[2 * m + 1] = self.left.count
             if m + 3 < count:
                 prefetch(&self.partners[order[m + 3].b])
             if m + 2 < count:
@@ -1148,7 +1155,45 @@ cdef class Broadphase(TreeBase):
             if status != 0:
                 if m + 1 < count:
                     self._still_moved(<int32_t>order[m + 1].b, found[(m + 1) & 1])
+                free(runs)
                 return status
+        runs[2 * count] = self.entered.count
+        runs[2 * count + 1] = self.left.count
+        status = self._events_by_id(runs)
+        free(runs)
+        return status
+
+    cdef int _events_by_id(self, const int64_t *runs) noexcept nogil:
+        """The moved sensors' events, found sensor by sensor in the proxies' order (each sensor's run
+        sorted), put in the order of their ids: one sorted run, which update() merges with the few
+        other events instead of sorting them all. `runs` holds where each sensor's entered and left
+        rows start in their buffers."""
+        cdef int64_t count = self.moved_sensors.count, r, m, w, k
+        cdef IdPair *ranks = <IdPair *>malloc(max(count, 1) * sizeof(IdPair))
+        cdef IdPair *rows
+        cdef PairBuffer *buffer
+        cdef int side
+        if ranks == NULL:
+            return -1
+        for m in range(count):
+            ranks[m].a = self.moved_sensors.pairs[m].a
+            ranks[m].b = <uint64_t>m
+        sort_pairs(ranks, count)
+        for side in range(2):
+            buffer = &self.left if side else &self.entered
+            rows = <IdPair *>malloc(max(runs[2 * count + side] - runs[side], 1) * sizeof(IdPair))
+            if rows == NULL:
+                free(ranks)
+                return -1
+            w = 0
+            for r in range(count):
+                m = <int64_t>ranks[r].b
+                k = runs[2 * m + 2 + side] - runs[2 * m + side]
+                memcpy(rows + w, buffer.pairs + runs[2 * m + side], k * sizeof(IdPair))
+                w += k
+            memcpy(buffer.pairs + runs[side], rows, w * sizeof(IdPair))
+            free(rows)
+        free(ranks)
         return 0
 
     cdef int _next_due(self, int32_t sensor, int slot, int64_t *half, int32_t *found) noexcept nogil:
@@ -1242,7 +1287,7 @@ cdef class Broadphase(TreeBase):
             self.inside += 1 if now else -1
             if rows_push(&self.entered if now else &self.left, t.proxies[sensor].id, t.proxies[other].id) != 0:
                 return -1
-        # Found in proxy order: sorted here, a few rows each (see _track).
+        # Found in proxy order: sorted here, a few rows each (see _events_by_id).
         sort_pairs(self.entered.pairs + entered, self.entered.count - entered)
         sort_pairs(self.left.pairs + left, self.left.count - left)
         return 0
