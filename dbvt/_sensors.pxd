@@ -225,6 +225,7 @@ ctypedef struct GridEntry:          # a sensor in one of its cells: 32 bytes
 
 ctypedef struct SensorGrid:
     double cell                     # a cell's side; 0 while there are no sensors
+    double per_cell                 # 1 / cell
     int64_t mask                    # buckets - 1 (a power of two)
     int32_t *starts                 # per bucket, its first entry; starts[buckets] = the entry count
     int64_t start_capacity

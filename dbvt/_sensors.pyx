@@ -1,8 +1,9 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False, cdivision=True
 """The sensors' grids (see _sensors.pxd): which sensors a fat box is within reach of.
 
-Exact as the tree's walk is: a cell is floor(x / cell) on each axis, and division and floor are
-monotone, so two closed boxes that share a point share that point's cell; every candidate is then
+Exact as the tree's walk is: a cell is floor(x * per_cell) on each axis (per_cell = 1 / cell: a
+multiplication, not a division, each of the six a lookup takes), and a product by a positive number
+and floor are monotone, so two closed boxes that share a point share that point's cell; every candidate is then
 tested on its fat box with the walker's comparisons. Functions returning `int` return 0, or -1 when
 memory ran out.
 """
@@ -25,8 +26,8 @@ cdef enum:
 cdef double FARTHEST_CELL = 1099511627776.0     # 2^40
 
 
-cdef inline int64_t cell_of(double x, double cell) noexcept nogil:
-    x = floor(x / cell)
+cdef inline int64_t cell_of(double x, double per_cell) noexcept nogil:
+    x = floor(x * per_cell)
     return <int64_t>max(-FARTHEST_CELL, min(FARTHEST_CELL, x))
 
 
@@ -44,8 +45,8 @@ cdef inline bint cells_of(const SensorGrid *g, const float *box, int dims, int64
     for i in range(3):
         low[i] = high[i] = 0
         if i < dims:
-            low[i] = cell_of(box[i], g.cell)
-            high[i] = cell_of(box[i + 3], g.cell)
+            low[i] = cell_of(box[i], g.per_cell)
+            high[i] = cell_of(box[i + 3], g.per_cell)
             if high[i] - low[i] >= WIDE_CELLS:
                 return False
             count *= high[i] - low[i] + 1
@@ -95,9 +96,10 @@ cdef int grid_build(SensorGrid *g, const TreeCore *t, double cell) noexcept nogi
             for i in range(t.dims):
                 extent += (<double>fat[i + 3] - <double>fat[i]) / t.dims
         cell = extent / g.sensor_count
-        if not (cell > 0.0 and isfinite(cell)):
+        if not (cell > 0.0 and isfinite(cell) and isfinite(1.0 / cell)):
             cell = 1.0
     g.cell = cell
+    g.per_cell = 1.0 / cell
     # The sensors over too many cells go first in the list (tested by every lookup); count the rest's cells.
     for s in range(g.sensor_count):
         sensor = g.sensors[s]
