@@ -1022,7 +1022,7 @@ cdef class Broadphase(TreeBase):
     cdef int64_t _edits_of(self, int32_t sensor, int64_t *end) noexcept nogil:
         """Where the changes left for a sensor's list are in `sensor_edits`, once sorted: [first, end),
         empty when there are none or they are made. The search gallops on from where the last one
-        ended: sensors' ids, which the passes go by, mostly follow their slots."""
+        ended: the passes and refreshes ask in the proxies' order, the order the changes are sorted in."""
         cdef const IdPair *edits = self.sensor_edits.pairs
         cdef int64_t count = self.sensor_edits.count, lo = 0, hi, mid, step = 1
         if self.edit_hint <= count and (self.edit_hint == 0 or edits[self.edit_hint - 1].a < <uint64_t>sensor):
@@ -1150,6 +1150,7 @@ cdef class Broadphase(TreeBase):
                 prefetch_sensor_list(&self.partners[order[m + 2].b])
             if m + 1 < count and self._next_due(<int32_t>order[m + 1].b, (m + 1) & 1, &half, found) != 0:
                 self._still_moved(<int32_t>order[m].b, found[m & 1])
+                free(runs)
                 return -1
             status = self._test_due(<int32_t>order[m].b, self.due + (m & 1) * half, found[m & 1])
             if status != 0:
