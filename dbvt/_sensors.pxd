@@ -212,25 +212,56 @@ cdef inline bint reach_cube(const float *tight, const float *before, int dims, d
     return True
 
 
+cdef extern from *:
+    """
+    /* Whether a box may meet a ball [x, y, z, r*r] (float32, its radius rounded outward enough to
+       hold every rounding of this test; see ball_around): the squared distance from the centre to
+       the box's closest point, summed over the three lanes. Over a grid cell's entries, passing is a
+       coin toss, so there is no branch. */
+    #if defined(__SSE__) || defined(_M_X64)
+    #include <xmmintrin.h>
+    static inline int dbvt_near_ball(const float *ball, const float *box) {
+        /* The fourth lane (r*r against a bound of the box) is never summed. */
+        __m128 c = _mm_loadu_ps(ball), lo = _mm_loadu_ps(box), hi = _mm_loadu_ps(box + 3);
+        __m128 gap = _mm_max_ps(_mm_max_ps(_mm_sub_ps(lo, c), _mm_sub_ps(c, hi)), _mm_setzero_ps());
+        __m128 sq = _mm_mul_ps(gap, gap);
+        sq = _mm_add_ss(_mm_add_ss(sq, _mm_shuffle_ps(sq, sq, 1)), _mm_movehl_ps(sq, sq));
+        return _mm_comile_ss(sq, _mm_shuffle_ps(c, c, 3));
+    }
+    #else
+    static inline int dbvt_near_ball(const float *ball, const float *box) {
+        float sum = 0.0f, gap;
+        int i;
+        for (i = 0; i < 3; i++) {
+            gap = box[i] - ball[i] > ball[i] - box[i + 3] ? box[i] - ball[i] : ball[i] - box[i + 3];
+            gap = gap > 0.0f ? gap : 0.0f;
+            sum += gap * gap;
+        }
+        return sum <= ball[3];
+    }
+    #endif
+    """
+    bint near_ball "dbvt_near_ball"(const float *ball, const float *box) noexcept nogil
+
+
 # Which sensors a proxy's new fat box is within reach of. The sensors' subtree answers that poorly:
 # their boxes are large and overlap each other heavily, so a walk opens some hundred nodes for the
 # few sensors it finds, and every partner refresh of a proxy needs one. A hash grid of cells as large
 # as a sensor's fat box on average finds them among the few sensors of the one to eight cells the box
-# spans. Each entry holds a copy of its sensor's fat box, and one whose copy differs from the
-# sensor's fat box now is stale: lookups pass over it.
-ctypedef struct GridEntry:          # a sensor in one of its cells: 32 bytes
-    float fat[6]                    # its fat box, copied: a lookup reads its cells' entries in a row
-    int32_t sensor
-    uint32_t flags                  # its Proxy.flags: a sphere sensor reaches only the ball in its fat box
-
+# spans. An entry is a ball around what its sensor reached when the grid was built, and the sensor:
+# 20 bytes, read in a row. Those whose ball the box may meet are tested exactly on their sensor's fat
+# box as it is now, so an entry whose sensor has moved since (stale) is still answered right, and a
+# sensor that moved is found wherever it is now by the recent grid (SensorIndex).
 ctypedef struct SensorGrid:
     double cell                     # a cell's side; 0 while there are no sensors
     double per_cell                 # 1 / cell
     int64_t mask                    # buckets - 1 (a power of two)
     int32_t *starts                 # per bucket, its first entry; starts[buckets] = the entry count
     int64_t start_capacity
-    GridEntry *entries              # the sensors, bucket by bucket, one entry per cell of theirs
-    int64_t entry_capacity
+    float *balls                    # per entry, bucket by bucket (one entry per cell of a sensor's):
+    int64_t ball_capacity           #   [x, y, z, r*r] in float32, held by near_ball's test
+    int32_t *owners                 # per entry: its sensor
+    int64_t owner_capacity
     int32_t *sensors                # every live sensor: those in no cell (spanning too many) first
     int64_t sensor_count
     int64_t wide_count              # how many of them span too many cells: every lookup tests those

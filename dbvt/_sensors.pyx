@@ -7,13 +7,13 @@ and floor are monotone, so two closed boxes that share a point share that point'
 tested on its fat box with the walker's comparisons. Functions returning `int` return 0, or -1 when
 memory ran out.
 """
-from libc.math cimport floor, isfinite
+from libc.math cimport INFINITY, floor, isfinite, nextafterf, sqrt
 from libc.stdint cimport int32_t, int64_t, uint64_t
 from libc.stdlib cimport free
-from libc.string cimport memcmp, memcpy, memset
+from libc.string cimport memcpy, memset
 
 from dbvt._batch cimport drop_repeats, sort_int32
-from dbvt._core cimport PROXY_LIVE, PROXY_SENSOR, Hits, TreeCore, grow_array, hits_push, meet
+from dbvt._core cimport PROXY_LIVE, PROXY_SENSOR, PROXY_SENSOR_SPHERE, Hits, TreeCore, grow_array, hits_push
 
 cdef enum:
     WIDE_CELLS = 64                 # a box over more cells than this is tested whole, not cell by cell
@@ -59,7 +59,8 @@ cdef void grid_init(SensorGrid *g) noexcept nogil:
 
 cdef void grid_free(SensorGrid *g) noexcept nogil:
     free(g.starts)
-    free(g.entries)
+    free(g.balls)
+    free(g.owners)
     free(g.sensors)
     grid_init(g)
 
@@ -77,6 +78,34 @@ cdef int grid_list_sensors(SensorGrid *g, const TreeCore *t) noexcept nogil:
     return 0
 
 
+cdef void ball_around(const float *fat, unsigned int flags, int dims, float *ball) noexcept nogil:
+    """The ball a grid lookup tests an entry with first (near_ball): around a sphere sensor's reach,
+    or a box sensor's whole fat box, in float32 and a little larger. Its radius grows by 2^-20 of the
+    magnitudes, which holds every rounding of the float32 test (a few 2^-24 of them per axis), so
+    that each box within reach passes; those that pass are then tested exactly (within_reach)."""
+    cdef double centre[3]
+    cdef double radius = 0.0, magnitude = 0.0, squared
+    cdef int i
+    centre[0] = centre[1] = centre[2] = 0.0
+    if not ((flags & PROXY_SENSOR_SPHERE) and reach_ball(fat, dims, centre, &radius)):
+        radius = 0.0
+        for i in range(dims):
+            centre[i] = 0.5 * (<double>fat[i] + <double>fat[i + 3])
+            radius += 0.25 * (<double>fat[i + 3] - <double>fat[i]) * (<double>fat[i + 3] - <double>fat[i])
+        radius = sqrt(radius)
+    for i in range(3):
+        magnitude = max(magnitude, abs(centre[i]))
+        ball[i] = <float>centre[i]
+    radius += (magnitude + radius) * 9.5367431640625e-07     # 2^-20
+    squared = radius * radius * (1.0 + 9.5367431640625e-07)
+    ball[3] = <float>squared if squared < 3.0e38 else INFINITY
+    if <double>ball[3] < squared:
+        ball[3] = nextafterf(ball[3], INFINITY)
+    if not (isfinite(radius) and isfinite(magnitude)):
+        ball[0] = ball[1] = ball[2] = 0.0
+        ball[3] = INFINITY
+
+
 cdef int grid_build(SensorGrid *g, const TreeCore *t, double cell) noexcept nogil:
     """Cut the listed sensors' fat boxes into cells of side `cell`, or (0) as wide as their average side."""
     cdef double extent = 0.0
@@ -85,6 +114,7 @@ cdef int grid_build(SensorGrid *g, const TreeCore *t, double cell) noexcept nogi
     cdef int64_t high[3]
     cdef int32_t sensor, keep
     cdef const float *fat
+    cdef float ball[4]
     cdef int i
     g.cell = 0.0
     g.wide_count = 0
@@ -113,7 +143,8 @@ cdef int grid_build(SensorGrid *g, const TreeCore *t, double cell) noexcept nogi
     while buckets < 2 * count:
         buckets *= 2
     if (grow_array(<void **>&g.starts, &g.start_capacity, buckets + 1, sizeof(int32_t)) != 0
-            or grow_array(<void **>&g.entries, &g.entry_capacity, count, sizeof(GridEntry)) != 0):
+            or grow_array(<void **>&g.owners, &g.owner_capacity, count, sizeof(int32_t)) != 0
+            or grow_array(<void **>&g.balls, &g.ball_capacity, count, 4 * sizeof(float)) != 0):
         g.cell = 0.0
         return -1
     g.mask = buckets - 1
@@ -130,40 +161,32 @@ cdef int grid_build(SensorGrid *g, const TreeCore *t, double cell) noexcept nogi
     for s in range(g.wide_count, g.sensor_count):
         sensor = g.sensors[s]
         cells_of(g, t.proxies[sensor].fat, t.dims, low, high)
+        ball_around(t.proxies[sensor].fat, t.proxies[sensor].flags, t.dims, ball)
         for x in range(low[0], high[0] + 1):
             for y in range(low[1], high[1] + 1):
                 for z in range(low[2], high[2] + 1):
                     b = bucket_of(g, x, y, z)
                     g.starts[b] -= 1
-                    memcpy(g.entries[g.starts[b]].fat, t.proxies[sensor].fat, sizeof(g.entries[0].fat))
-                    g.entries[g.starts[b]].sensor = sensor
-                    g.entries[g.starts[b]].flags = t.proxies[sensor].flags
+                    g.owners[g.starts[b]] = sensor
+                    memcpy(&g.balls[4 * g.starts[b]], ball, sizeof(ball))
     return 0
 
-
-cdef inline bint current(const GridEntry *e, const TreeCore *t) noexcept nogil:
-    """Whether the entry's copy of its sensor's fat box is the box now (bit for bit), not stale."""
-    return memcmp(e.fat, t.proxies[e.sensor].fat, sizeof(e.fat)) == 0
 
 
 cdef int find_in_entries(const SensorGrid *g, const TreeCore *t, const float *box, int32_t first, int32_t end,
                          Hits *hits) noexcept nogil:
-    """grid_find's tests of entries [first, end), at most CANDIDATES, in stages. Whether an entry meets
-    the box, and then whether the box is within the sensor's reach, are coin tosses to the branch
-    predictor: those that pass are gathered without a branch. The few left are checked current."""
+    """grid_find's tests of entries [first, end), at most CANDIDATES, in two stages. Whether a box may
+    meet an entry's ball is a coin toss to the branch predictor: those that may are gathered without
+    a branch, then tested exactly on their sensors' fat boxes now."""
     cdef int32_t passed[CANDIDATES]
-    cdef int32_t k, n = 0, reached = 0
-    cdef const GridEntry *e
+    cdef int32_t k, n = 0, sensor
     for k in range(first, end):
         passed[n] = k
-        n += meet(box, g.entries[k].fat)
+        n += near_ball(&g.balls[4 * k], box)
     for k in range(n):
-        e = &g.entries[passed[k]]
-        passed[reached] = passed[k]
-        reached += within_reach(e.fat, e.flags, box, t.dims)
-    for k in range(reached):
-        e = &g.entries[passed[k]]
-        if current(e, t) and hits_push(hits, e.sensor, 0.0) != 0:
+        sensor = g.owners[passed[k]]
+        if (within_reach(t.proxies[sensor].fat, t.proxies[sensor].flags, box, t.dims)
+                and hits_push(hits, sensor, 0.0) != 0):
             return -1
     return 0
 
@@ -211,7 +234,7 @@ cdef void index_free(SensorIndex *x) noexcept nogil:
 
 cdef inline int64_t grid_bytes(const SensorGrid *g) noexcept nogil:
     return ((g.start_capacity + g.sensor_capacity) * <int64_t>sizeof(int32_t)
-            + g.entry_capacity * <int64_t>sizeof(GridEntry))
+            + g.owner_capacity * <int64_t>sizeof(int32_t) + g.ball_capacity * 4 * <int64_t>sizeof(float))
 
 
 cdef int64_t index_bytes(const SensorIndex *x) noexcept nogil:

@@ -337,7 +337,7 @@ def test_partner_lists_find_sensors_of_every_size_and_proxies_of_every_size():
 
 def test_sensors_that_change_their_fat_boxes_between_full_grid_builds():
     """Between full builds of the grid, the few sensors whose fat boxes changed are looked up in a
-    second grid, and the first's copies of their old boxes are passed over: a few sensors jump each
+    second grid, and the first's entries for their old boxes answer by their boxes now: a few sensors jump each
     tick (some twice before an update, one to a box over too many cells), until enough have changed
     that the whole grid is built again. Every list must match a walk, and every event the reference's."""
     rng = np.random.default_rng(21)
@@ -431,6 +431,38 @@ def test_large_sphere_sensors_walk_their_balls_and_list_hundreds_of_partners(dim
             np.testing.assert_array_equal(got, expected)
         real.validate()
     assert len(real.sensor_pairs()) > 4 * 128
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_grid_finds_sensors_whose_reach_a_box_just_touches_where_float32_rounds_coarsely(seed):
+    """The grid tests a float32 ball around each sensor's reach before the exact test: far from the
+    origin (a float32 step is 1/64 here) its rounding must never drop a box that touches the reach.
+    On a lattice of that step, with sensors' centres half a step off it, boxes touch the reaches
+    exactly and often; validate() compares every list with a walk of the whole tree."""
+    rng = np.random.default_rng(seed)
+    step, far = np.float32(1 / 64), np.float32(131072)
+    real = dbvt.Broadphase(dims=3, margin=0.0)
+    ref = reference.Broadphase(dims=3, margin=0.0)
+    lows = far + rng.integers(-640, 640, size=(3000, 3)).astype(np.float32) * step
+    proxies = np.concatenate([lows, lows + step * rng.integers(0, 3, size=(3000, 1)).astype(np.float32)], axis=1)
+    centres = far + rng.integers(-320, 320, size=(40, 3)).astype(np.float32) * step + step / 2
+    radii = step * rng.integers(60, 200, size=(40, 1)).astype(np.float32) + step / 4
+    sensor_ids = np.arange(10000, 10040, dtype=np.uint64)
+    for world in (real, ref):
+        world.create(np.arange(3000, dtype=np.uint64), proxies)
+        world.create(sensor_ids, np.concatenate([centres - radii, centres + radii], axis=1), sensor="sphere")
+    for tick in range(6):
+        for got, expected in zip(real.update(), ref.update()):
+            np.testing.assert_array_equal(got, expected)
+        for got, expected in zip(real.sensor_events(), ref.sensor_events()):
+            np.testing.assert_array_equal(got, expected)
+        real.validate()
+        movers = rng.choice(3000, size=400, replace=False)
+        proxies[movers] += np.tile(rng.integers(-9, 10, size=(400, 3)).astype(np.float32) * step, 2)
+        centres += rng.integers(-3, 4, size=(40, 3)).astype(np.float32) * step
+        for world in (real, ref):
+            world.move(movers.astype(np.uint64), proxies[movers])
+            world.move(sensor_ids, np.concatenate([centres - radii, centres + radii], axis=1))
 
 
 @pytest.mark.parametrize("kind", ["box", "sphere"])
