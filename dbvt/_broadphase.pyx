@@ -31,8 +31,8 @@ from dbvt._core cimport (
     NEWLY_MOVED, PREDICTION_STEPS, PREFETCH_AHEAD, PROXY_LIVE, PROXY_MOVED, PROXY_REFAT, PROXY_SEEN, PROXY_SENSOR,
     PROXY_SENSOR_BOX, PROXY_SENSOR_SPHERE, PROXY_STATIC, QUERY_FAT_BOX, Hits, IdPair, PairBuffer, Proxy, Query, Stack,
     TreeCore, box_contains, boxes_overlap, clamp_finite, core_move, core_move_split, core_place, core_remove,
-    core_reserve, core_set_sensor, hits_free, hits_push, listed_allowed, load_box, pair_allowed, prefetch, prefetch_move,
-    stack_free, walk,
+    core_reserve, core_set_sensor, grow_array, hits_free, hits_push, listed_allowed, load_box, pair_allowed, prefetch,
+    prefetch_move, stack_free, walk,
 )
 from dbvt._finding cimport (
     FAT_LIMIT, FIND_ON_THREADS_FROM, NOT_FOUND, UNCHANGED, Finder, Found, Refreshed, Retest, Retests, find_all,
@@ -257,6 +257,8 @@ cdef class Broadphase(TreeBase):
     cdef PairBuffer sensor_edits    # scratch of update(): changes to sensors' lists, left for later (see
                                     # _merge_partners): [sensor, proxy << 1 | 1 to add, 0 to drop]
     cdef int64_t edit_hint          # where the last search of sensor_edits ended (_edits_of)
+    cdef int32_t *side_edits        # scratch of _merge_partners: a sensor's changes to its partners'
+    cdef int64_t side_capacity      # lists, [proxy << 1 | 1 to insert, 0 to erase], made after its merge
     cdef SensorIndex sensor_index   # for proxies' partner refreshes, the sensors' fat boxes cut into cells
     cdef bint sensors_stale         # sensors were created or destroyed since it was built
 
@@ -281,6 +283,8 @@ cdef class Broadphase(TreeBase):
         memset(&self.moved_sensors, 0, sizeof(PairBuffer))
         memset(&self.sensor_edits, 0, sizeof(PairBuffer))
         self.edit_hint = 0
+        self.side_edits = NULL
+        self.side_capacity = 0
         self.touching = self.listed = self.inside = self.sensor_count = 0
         self.listed_limit = -1
         self.sensor_margin = 0.0
@@ -305,6 +309,7 @@ cdef class Broadphase(TreeBase):
         free(self.drift)
         free(self.due)
         free(self.flips)
+        free(self.side_edits)
         index_free(&self.sensor_index)
         pairs_free(&self.ended)
         pairs_free(&self.leaving)
@@ -979,7 +984,7 @@ cdef class Broadphase(TreeBase):
         cdef int32_t *items = items_of(mine)
         cdef bint sensor = is_sensor(t, proxy)
         cdef double *budgets = budgets_of(mine) if sensor else NULL
-        cdef int64_t kept = hits.count
+        cdef int64_t kept = hits.count, sides = 0
         cdef int32_t i = 0, j = 0, other, entry
         cdef int status = 0
         if sensor:
@@ -988,6 +993,10 @@ cdef class Broadphase(TreeBase):
                 return -1
             items = items_of(mine)
             budgets = budgets_of(mine)
+            # Room to note a change for every partner, old and new (see _make_side_edits).
+            if mine.count + kept > self.side_capacity:
+                if grow_array(<void **>&self.side_edits, &self.side_capacity, mine.count + kept, sizeof(int32_t)) != 0:
+                    return -1
         t.proxies[proxy].flags &= ~PROXY_REFAT
         # Merge old and new lists: the old entries keep their touching bit (and a sensor's, its
         # budgets, which the walk's unused fractions hold meanwhile); partners that left end their
@@ -997,6 +1006,9 @@ cdef class Broadphase(TreeBase):
                 entry = items[i]
                 if self._sensor_partner(proxy, entry >> 1):
                     status = rows_push(&self.sensor_edits, <uint64_t>(entry >> 1), <uint64_t>proxy << 1)
+                elif sensor:
+                    self.side_edits[sides] = entry & ~TOUCHING
+                    sides += 1
                 else:
                     partners_erase(&self.partners[entry >> 1], proxy, False)
                 self.listed -= 1
@@ -1007,6 +1019,9 @@ cdef class Broadphase(TreeBase):
                 other = hits.proxies[j]
                 if self._sensor_partner(proxy, other):
                     status = rows_push(&self.sensor_edits, <uint64_t>other, (<uint64_t>proxy << 1) | 1)
+                elif sensor:
+                    self.side_edits[sides] = (other << 1) | 1
+                    sides += 1
                 else:
                     status = partners_insert(&self.partners[other], proxy, False)
                 self.listed += 1
@@ -1018,6 +1033,8 @@ cdef class Broadphase(TreeBase):
                 hits.fractions[j] = budgets[i] if budgets != NULL else -INFINITY
                 i += 1
                 j += 1
+        if self._make_side_edits(proxy, sides) != 0:
+            status = -1
         if status != 0 or partners_reserve(mine, <int32_t>kept, sensor) != 0:
             return -1
         if kept:
@@ -1029,6 +1046,26 @@ cdef class Broadphase(TreeBase):
         mine.count = <int32_t>kept
         if 0 <= self.listed_limit < self.listed:
             return FAT_LIMIT
+        return 0
+
+    cdef int _make_side_edits(self, int32_t sensor, int64_t count) noexcept nogil:
+        """A refreshed sensor's changes to its partners' lists (`side_edits`): some seventy, each list
+        in a different place. Made one at a time in the merge, each waited for its partner's header
+        and then its list; here both are fetched ahead, the headers further than the lists they
+        point to."""
+        cdef int64_t e
+        cdef int32_t other
+        for e in range(count):
+            if e + 2 * PREFETCH_AHEAD < count:
+                prefetch(&self.partners[self.side_edits[e + 2 * PREFETCH_AHEAD] >> 1])
+            if e + PREFETCH_AHEAD < count:
+                prefetch(items_of(&self.partners[self.side_edits[e + PREFETCH_AHEAD] >> 1]))
+            other = self.side_edits[e] >> 1
+            if self.side_edits[e] & 1:
+                if partners_insert(&self.partners[other], sensor, False) != 0:
+                    return -1
+            else:
+                partners_erase(&self.partners[other], sensor, False)
         return 0
 
     cdef int64_t _edits_of(self, int32_t sensor, int64_t *end) noexcept nogil:
