@@ -111,6 +111,8 @@ def test_sensors_bench_times_the_step_a_watcher_and_more_watchers(capsys):
         figure = float(line[len(label):].split()[0])
         # A watcher may hear of a tick before the writer has its answer: a latency may be negative.
         assert (figure > 0 or "watcher hears" in label) and line.endswith(target)
+    [line] = [line for line in out.splitlines() if line.startswith("the same, the sensors out of step: median ")]
+    assert float(line.split("median ")[1].split()[0]) > 0
 
 
 def test_queries_bench_times_every_query_checks_them_and_says_about_rtree(capsys):

@@ -6,7 +6,10 @@ W1 (DIRECTORY, or W1 data of --n proxies made first) with --sensors sphere senso
 
 - step: in this process, W1's step (its moves and update()) on a broadphase without sensors,
   alternating step by step with the same step plus the sensors' moves and their events on one with
-  them; each step's ratio, median and range over all steps of --repeats runs.
+  them; each step's ratio, median and range over all steps of --repeats runs. The sensors start
+  together, so they refresh their partners together, every few steps: the median leaves those
+  steps out. The same is then timed with the sensors out of step, as a game's players are (each
+  first moved alone for 0 to 15 steps), where every step has its share of refreshes.
 - latency: a dbvt-server child process runs the sensor world, streamed tick by tick from one client
   while another watches every sensor; the time from the writer getting a tick's answer to the
   watcher getting that tick's events (both clocks are this process's).
@@ -33,6 +36,7 @@ STEP_TARGET = 2.0
 LATENCY_TARGET_MS = 1.0
 WATCHERS_TARGET = 1.10
 SENSOR_SPEED = 0.5
+OUT_OF_STEP = 16        # sensors moved alone for up to this many steps first: longer than a refresh's period
 
 
 class Sensors:
@@ -49,15 +53,17 @@ class Sensors:
     def boxes(self) -> np.ndarray:
         return np.concatenate([self.centres - self.radius, self.centres + self.radius], axis=1).astype(np.float32)
 
-    def step(self) -> np.ndarray:
-        moved = self.centres + self.velocity
+    def step(self, which: np.ndarray | None = None) -> np.ndarray:
+        """Move them (or those `which` selects) one step; the boxes of all."""
+        velocity = self.velocity if which is None else self.velocity * which[:, None]
+        moved = self.centres + velocity
         outside = (moved < 0) | (moved > self.side)
         self.velocity[outside] *= -1
         self.centres = np.clip(moved, 0, self.side)
         return self.boxes()
 
 
-def step_ratios(work: Workload, args) -> list[float]:
+def step_ratios(work: Workload, args, out_of_step: bool = False) -> list[float]:
     """Per step: the sensor world's step over the plain one, the two alternating."""
     ratios = []
     for run in range(args.repeats):
@@ -68,10 +74,17 @@ def step_ratios(work: Workload, args) -> list[float]:
             bp.create(work.ids, work.boxes)
         sensed.create(sensors.ids, sensors.boxes(), sensor="sphere")
         plain.update(), sensed.update()
+        if out_of_step:
+            lead = np.random.default_rng(args.seed + run).integers(0, OUT_OF_STEP, args.sensors)
+            for ahead in range(OUT_OF_STEP):
+                movers = lead > ahead
+                sensed.move(sensors.ids[movers], sensors.step(movers)[movers])
+                sensed.update()
+                sensed.sensor_events()
         # The sensors' paths are the game's simulation, made beforehand like W1's moves: the steps
         # time the world's work alone.
         paths = [sensors.step() for _ in range(work.steps)]
-        progress = Progress(f"core run {run + 1}/{args.repeats}", work.steps)
+        progress = Progress(f"{'out of step, ' if out_of_step else ''}core run {run + 1}/{args.repeats}", work.steps)
         for step in range(work.steps):
             started = time.perf_counter()
             plain.move(work.move_ids[step], work.move_boxes[step])
@@ -143,7 +156,8 @@ def schedstat_seconds(pid: int) -> float:
     return found[0]
 
 
-def report(work: Workload, args, ratios: list[float], one: list[dict], eight: list[dict]) -> list[str]:
+def report(work: Workload, args, ratios: list[float], apart: list[float], one: list[dict],
+           eight: list[dict]) -> list[str]:
     latencies = [value for run in one for value in run["latency_ms"]]
     cpu_ratios = [e["cpu_per_step"] / o["cpu_per_step"] for o, e in zip(one, eight)]
     return [
@@ -151,6 +165,8 @@ def report(work: Workload, args, ratios: list[float], one: list[dict], eight: li
         f"{args.radius:g}, all moving; {args.repeats} runs",
         f"step with sensors / plain step: median {statistics.median(ratios):.2f} "
         f"(range {min(ratios):.2f}-{max(ratios):.2f}, mean {statistics.fmean(ratios):.2f})  target <= {STEP_TARGET:.1f}",
+        f"the same, the sensors out of step: median {statistics.median(apart):.2f} "
+        f"(range {min(apart):.2f}-{max(apart):.2f}, mean {statistics.fmean(apart):.2f})",
         f"a watcher hears a tick after its answer: median {statistics.median(latencies):.3f} ms "
         f"(90th percentile {np.percentile(latencies, 90):.3f} ms)  target <= {LATENCY_TARGET_MS:.1f} ms",
         f"server CPU per step, 8 watchers / 1: median {statistics.median(cpu_ratios):.2f} "
@@ -169,6 +185,7 @@ def add_arguments(parser) -> None:
 def run(args, facts: dict) -> int:
     work = workload.w1_for(args, "sensors")
     ratios = step_ratios(work, args)
+    apart = step_ratios(work, args, out_of_step=True)
     process, target = start_server()
     try:
         one, eight = [], []
@@ -178,6 +195,6 @@ def run(args, facts: dict) -> int:
     finally:
         process.terminate()
         process.wait(60)
-    print("\n".join(report(work, args, ratios, one, eight)))
+    print("\n".join(report(work, args, ratios, apart, one, eight)))
     console.footer(facts)
     return 0
