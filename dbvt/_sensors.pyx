@@ -172,7 +172,6 @@ cdef int grid_build(SensorGrid *g, const TreeCore *t, double cell) noexcept nogi
     return 0
 
 
-
 cdef int find_in_entries(const SensorGrid *g, const TreeCore *t, const float *box, int32_t first, int32_t end,
                          Hits *hits) noexcept nogil:
     """grid_find's tests of entries [first, end), at most CANDIDATES, in two stages. Whether a box may
