@@ -121,6 +121,15 @@ SensorMachine.TestCase.settings = settings(max_examples=80, stateful_step_count=
 TestSensorsAgainstTheReference = SensorMachine.TestCase
 
 
+def update_both(real, ref):
+    """One update() of the core and of the reference: the same pairs begun and ended, and the same
+    sensor events."""
+    for got, expected in zip(real.update(), ref.update()):
+        np.testing.assert_array_equal(got, expected)
+    for got, expected in zip(real.sensor_events(), ref.sensor_events()):
+        np.testing.assert_array_equal(got, expected)
+
+
 def ball_world(sensor_margin=1.0):
     bp = dbvt.Broadphase(dims=3, margin=0.05, sensor_margin=sensor_margin)
     # A sphere sensor of radius 2 at the origin, and a unit box at x = 3 (1 beyond the ball).
@@ -220,10 +229,7 @@ def test_passing_over_pairs_whose_slack_remains_never_misses_an_event(dims, sens
         world.create(sensor_ids, sensor_boxes(), sensor=kinds)
     velocity = rng.choice([-0.25, 0.0, 0.25], size=(sensors, dims))
     for tick in range(150):
-        for got, expected in zip(real.update(), ref.update()):
-            np.testing.assert_array_equal(got, expected)
-        for got, expected in zip(real.sensor_events(), ref.sensor_events()):
-            np.testing.assert_array_equal(got, expected)
+        update_both(real, ref)
         real.validate()
         if tick % 40 == 39:
             real = dbvt.Broadphase.from_bytes(real.to_bytes())
@@ -259,10 +265,7 @@ def test_sensors_keep_a_subtree_of_their_own_through_every_change():
         real.validate()
 
     def agree():
-        for got, expected in zip(real.update(), ref.update()):
-            np.testing.assert_array_equal(got, expected)
-        for got, expected in zip(real.sensor_events(), ref.sensor_events()):
-            np.testing.assert_array_equal(got, expected)
+        update_both(real, ref)
         real.validate()
         probes = boxes(20, 3.0)
         for include_sensors in (False, True):
@@ -313,10 +316,7 @@ def test_partner_lists_find_sensors_of_every_size_and_proxies_of_every_size():
         world.create(np.arange(400, dtype=np.uint64), proxies)
         world.create(sensor_ids, sensors, sensor="sphere")
     for tick in range(12):
-        for got, expected in zip(real.update(), ref.update()):
-            np.testing.assert_array_equal(got, expected)
-        for got, expected in zip(real.sensor_events(), ref.sensor_events()):
-            np.testing.assert_array_equal(got, expected)
+        update_both(real, ref)
         real.validate()
         if tick == 6:
             new_ids = np.arange(2000, 2005, dtype=np.uint64)
@@ -366,10 +366,7 @@ def test_sensors_that_change_their_fat_boxes_between_full_grid_builds():
         proxies[movers] += rng.uniform(-3, 3, size=(120, 1)).astype(np.float32)
         for world in (real, ref):
             world.move(movers.astype(np.uint64), proxies[movers])
-        for got, expected in zip(real.update(), ref.update()):
-            np.testing.assert_array_equal(got, expected)
-        for got, expected in zip(real.sensor_events(), ref.sensor_events()):
-            np.testing.assert_array_equal(got, expected)
+        update_both(real, ref)
         np.testing.assert_array_equal(real.sensor_pairs(), ref.sensor_pairs())
         real.validate()
 
@@ -425,10 +422,7 @@ def test_large_sphere_sensors_walk_their_balls_and_list_hundreds_of_partners(dim
         for world in (real, ref):
             world.move(np.arange(1000, 1004, dtype=np.uint64), np.concatenate([centres - radius, centres + radius], 1))
             world.move(movers.astype(np.uint64), proxies[movers])
-        for got, expected in zip(real.update(), ref.update()):
-            np.testing.assert_array_equal(got, expected)
-        for got, expected in zip(real.sensor_events(), ref.sensor_events()):
-            np.testing.assert_array_equal(got, expected)
+        update_both(real, ref)
         real.validate()
     assert len(real.sensor_pairs()) > 4 * 128
 
@@ -452,10 +446,7 @@ def test_the_grid_finds_sensors_whose_reach_a_box_just_touches_where_float32_rou
         world.create(np.arange(3000, dtype=np.uint64), proxies)
         world.create(sensor_ids, np.concatenate([centres - radii, centres + radii], axis=1), sensor="sphere")
     for tick in range(6):
-        for got, expected in zip(real.update(), ref.update()):
-            np.testing.assert_array_equal(got, expected)
-        for got, expected in zip(real.sensor_events(), ref.sensor_events()):
-            np.testing.assert_array_equal(got, expected)
+        update_both(real, ref)
         real.validate()
         movers = rng.choice(3000, size=400, replace=False)
         proxies[movers] += np.tile(rng.integers(-9, 10, size=(400, 3)).astype(np.float32) * step, 2)
