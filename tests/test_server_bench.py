@@ -113,6 +113,9 @@ def test_sensors_bench_times_the_step_a_watcher_and_more_watchers(capsys):
         assert (figure > 0 or "watcher hears" in label) and line.endswith(target)
     [line] = [line for line in out.splitlines() if line.startswith("the same, the sensors out of step: median ")]
     assert float(line.split("median ")[1].split()[0]) > 0
+    for line in out.splitlines():
+        if line.startswith(("step with sensors / plain step: ", "the same, the sensors out of step: ")):
+            assert float(line.split("plain step median ")[1].split(" ms")[0]) > 0      # the anchor
 
 
 def test_queries_bench_times_every_query_checks_them_and_says_about_rtree(capsys):

@@ -63,9 +63,10 @@ class Sensors:
         return self.boxes()
 
 
-def step_ratios(work: Workload, args, out_of_step: bool = False) -> list[float]:
-    """Per step: the sensor world's step over the plain one, the two alternating."""
-    ratios = []
+def step_ratios(work: Workload, args, out_of_step: bool = False) -> tuple[list[float], list[float]]:
+    """Per step: the sensor world's step over the plain one, the two alternating; and the plain
+    step's time (ms), the anchor."""
+    ratios, plain_ms = [], []
     for run in range(args.repeats):
         sensors = Sensors(args.sensors, args.radius, work.meta["world_side"], args.seed + run)
         plain = Broadphase(dims=3, margin=0.05)
@@ -95,8 +96,9 @@ def step_ratios(work: Workload, args, out_of_step: bool = False) -> list[float]:
             sensed.update()
             sensed.sensor_events()
             ratios.append((time.perf_counter() - middle) / (middle - started))
+            plain_ms.append((middle - started) * 1e3)
             progress.advance()
-    return ratios
+    return ratios, plain_ms
 
 
 def _watch(client: Client, world: str, heard: dict, ready: threading.Event, stop: threading.Event) -> None:
@@ -156,23 +158,25 @@ def schedstat_seconds(pid: int) -> float:
     return found[0]
 
 
-def report(work: Workload, args, ratios: list[float], apart: list[float], one: list[dict],
-           eight: list[dict]) -> list[str]:
+def report(work: Workload, args, together: tuple, apart: tuple, one: list[dict], eight: list[dict]) -> list[str]:
     latencies = [value for run in one for value in run["latency_ms"]]
     cpu_ratios = [e["cpu_per_step"] / o["cpu_per_step"] for o, e in zip(one, eight)]
     return [
         f"W1: N={work.n}, {work.steps} steps of {work.moves} moves; {args.sensors} sphere sensors of radius "
         f"{args.radius:g}, all moving; {args.repeats} runs",
-        f"step with sensors / plain step: median {statistics.median(ratios):.2f} "
-        f"(range {min(ratios):.2f}-{max(ratios):.2f}, mean {statistics.fmean(ratios):.2f})  target <= {STEP_TARGET:.1f}",
-        f"the same, the sensors out of step: median {statistics.median(apart):.2f} "
-        f"(range {min(apart):.2f}-{max(apart):.2f}, mean {statistics.fmean(apart):.2f})",
+        f"step with sensors / plain step: {_ratios(*together)}  target <= {STEP_TARGET:.1f}",
+        f"the same, the sensors out of step: {_ratios(*apart)}",
         f"a watcher hears a tick after its answer: median {statistics.median(latencies):.3f} ms "
         f"(90th percentile {np.percentile(latencies, 90):.3f} ms)  target <= {LATENCY_TARGET_MS:.1f} ms",
         f"server CPU per step, 8 watchers / 1: median {statistics.median(cpu_ratios):.2f} "
         f"(range {min(cpu_ratios):.2f}-{max(cpu_ratios):.2f}; "
         f"{statistics.median(run['cpu_per_step'] for run in one) * 1e3:.1f} ms with 1)  target <= {WATCHERS_TARGET:.2f}",
     ]
+
+
+def _ratios(ratios: list[float], plain_ms: list[float]) -> str:
+    return (f"median {statistics.median(ratios):.2f} (range {min(ratios):.2f}-{max(ratios):.2f}, "
+            f"mean {statistics.fmean(ratios):.2f}; plain step median {statistics.median(plain_ms):.2f} ms)")
 
 
 def add_arguments(parser) -> None:
@@ -184,7 +188,7 @@ def add_arguments(parser) -> None:
 
 def run(args, facts: dict) -> int:
     work = workload.w1_for(args, "sensors")
-    ratios = step_ratios(work, args)
+    together = step_ratios(work, args)
     apart = step_ratios(work, args, out_of_step=True)
     process, target = start_server()
     try:
@@ -195,6 +199,6 @@ def run(args, facts: dict) -> int:
     finally:
         process.terminate()
         process.wait(60)
-    print("\n".join(report(work, args, ratios, apart, one, eight)))
+    print("\n".join(report(work, args, together, apart, one, eight)))
     console.footer(facts)
     return 0
