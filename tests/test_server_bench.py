@@ -3,7 +3,10 @@ prints every figure between the header and the closing load average, and its pai
 every step equal expected.json's."""
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -139,3 +142,14 @@ def test_queries_bench_times_every_query_checks_them_and_says_about_rtree(capsys
         serial, split, gain, spread = line[len(label):].split()
         low, high = (float(end) for end in spread.split("-"))
         assert float(serial) > 0 and float(split) > 0 and 0 < low <= float(gain) <= high
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads through Linux's /proc")
+def test_the_bench_starts_numpy_with_one_blas_thread(tmp_path):
+    # Set after numpy's import, the setting is too late: OpenBLAS has started a thread a core, which
+    # spins on the other core after any call and bills the benchmark's CPU time.
+    env = {key: value for key, value in os.environ.items() if key != "OPENBLAS_NUM_THREADS"}
+    count = "import os, dbvt_server.bench.__main__; print(len(os.listdir('/proc/self/task')))"
+    out = subprocess.run([sys.executable, "-c", count], env=env, cwd=tmp_path, capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "1"

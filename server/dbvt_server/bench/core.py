@@ -21,14 +21,10 @@ import statistics
 import time
 from pathlib import Path
 
-# numpy's OpenBLAS threads spin on the other core after start-up and bill this process's CPU time;
-# the benchmark does no linear algebra, so one thread is right (before numpy is imported).
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-import dbvt  # noqa: E402
-from dbvt_server.bench import console, workload  # noqa: E402
+import dbvt
+from dbvt_server.bench import console, workload
 
 # phase key -> (label, unit, issue target at N=100k, or None). The memory target is set against
 # Bullet's btDbvt and python-fcl's tree manager: a tree with its proxy records. `Tree` is that; a

@@ -17,15 +17,12 @@ the same pairs as the bulk-built one.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")   # as in bench.core: no spinning BLAS threads
-
-import dbvt  # noqa: E402
-from dbvt_server.bench import console, workload  # noqa: E402
-from dbvt_server.bench.core import cpu  # noqa: E402
+import dbvt
+from dbvt_server.bench import console, workload
+from dbvt_server.bench.core import cpu
 
 ONE_AT_A_TIME_TARGET_US = 1.2       # at --large
 THREADED_BULK_TARGET = 0.65         # the bulk build at --large on 2 threads against 1

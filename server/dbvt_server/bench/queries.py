@@ -27,20 +27,17 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import os
 import gc
 import statistics
 import time
 from pathlib import Path
 
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")   # as in bench.core: no spinning BLAS threads
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-import dbvt  # noqa: E402
-from dbvt import reference  # noqa: E402
-from dbvt_server.bench import console, workload  # noqa: E402
-from dbvt_server.bench.core import cpu  # noqa: E402
+import dbvt
+from dbvt import reference
+from dbvt_server.bench import console, workload
+from dbvt_server.bench.core import cpu
 
 K = 8
 CAST_LENGTH = 20.0

@@ -13,16 +13,13 @@ thread helps only with a free core: the load average is printed at the start and
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")   # as in bench.core: no spinning BLAS threads
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-import dbvt  # noqa: E402
-from dbvt_server.bench import console, workload  # noqa: E402
+import dbvt
+from dbvt_server.bench import console, workload
 
 THREADED_STEP_TARGET = 0.62         # a step on 2 threads against 1, W1 at 1M and W2 at 100k
 
