@@ -29,7 +29,7 @@ cdef extern from *:
        predictor (a dense scene's partner walks spent a fifth of their time on missed guesses). With SSE the six
        comparisons are two: the 16 bytes from a box's max corner include one float past the box,
        which stays inside the record that holds the box (a Node's children, a Proxy's tight box or
-       id, a Query's box and what follows it, a GridEntry's sensor) and whose lane is ignored. */
+       id, a Query's box and what follows it) and whose lane is ignored. */
     #if defined(__SSE__) || defined(_M_X64)
     #include <xmmintrin.h>
     static inline int dbvt_meet(const float *a, const float *b) {
