@@ -31,12 +31,12 @@ from dbvt._core cimport (
     NEWLY_MOVED, PREDICTION_STEPS, PREFETCH_AHEAD, PROXY_LIVE, PROXY_MOVED, PROXY_REFAT, PROXY_SEEN, PROXY_SENSOR,
     PROXY_SENSOR_BOX, PROXY_SENSOR_SPHERE, PROXY_STATIC, QUERY_FAT_BOX, Hits, IdPair, PairBuffer, Proxy, Query, Stack,
     TreeCore, box_contains, boxes_overlap, clamp_finite, core_move, core_move_split, core_place, core_remove,
-    core_reserve, core_set_sensor, grow_array, hits_free, hits_push, listed_allowed, load_box, pair_allowed, prefetch,
+    core_reserve, core_set_sensor, grow_array, hits_free, listed_allowed, load_box, pair_allowed, prefetch,
     prefetch_move, stack_free, walk,
 )
 from dbvt._finding cimport (
     FAT_LIMIT, FIND_ON_THREADS_FROM, NOT_FOUND, UNCHANGED, Finder, Found, Refreshed, Retest, Retests, find_all,
-    find_partners, flip_all, found_free, reach_allows, refresh_all, retest_all, retests_free,
+    flip_all, found_free, reach_allows, refresh_all, retest_all, retests_free,
 )
 from dbvt._parallel cimport run_parts
 from dbvt._partners cimport (
@@ -758,14 +758,10 @@ cdef class Broadphase(TreeBase):
         finder.sensors = self.sensor_count != 0
         self.sensor_edits.count = 0
         self.moved_sensors.count = 0
-        if self.threads > 1:
-            status = self._refresh_on_threads(&finder, ended)
-            for m in range(self.moved_count if self.sensor_count else 0):
-                if status == 0 and is_sensor(&self.core, self.moved[m]):
-                    status = rows_push(&self.moved_sensors, self.core.proxies[self.moved[m]].id,
-                                       <uint64_t>self.moved[m])
-        else:
-            status = self._refresh(&finder, ended)
+        status = self._refresh(&finder, ended)
+        for m in range(self.moved_count if self.sensor_count else 0):
+            if status == 0 and is_sensor(&self.core, self.moved[m]):
+                status = rows_push(&self.moved_sensors, self.core.proxies[self.moved[m]].id, <uint64_t>self.moved[m])
         # Stage 2: the moved sensors first (_pass_sensors), their flips on their partners' side
         # gathered, then made with the lists fetched ahead (even after a failure, so that both sides
         # agree); then the other moved proxies, which see the flipped bits.
@@ -791,50 +787,11 @@ cdef class Broadphase(TreeBase):
         return status
 
     cdef int _refresh(self, const Finder *finder, PairBuffer *ended) noexcept nogil:
-        """Stage 1 on one thread: the proxies that are no sensors first, gathering the moved sensors
-        (moved_sensors) on the way, and the sensors after (see _merge_partners)."""
-        cdef int64_t m
-        cdef int32_t proxy
-        cdef uint32_t flags
-        cdef int status = 0
-        cdef Stack stack
-        cdef Hits hits
-        memset(&stack, 0, sizeof(Stack))
-        memset(&hits, 0, sizeof(Hits))
-        for m in range(self.moved_count):
-            proxy = self.moved[m]
-            flags = self.core.proxies[proxy].flags
-            if flags & PROXY_SENSOR:
-                status = rows_push(&self.moved_sensors, self.core.proxies[proxy].id, <uint64_t>proxy)
-            elif (flags & FRESH_FAT) == FRESH_FAT:
-                status = self._refresh_one(finder, proxy, &stack, &hits, ended)
-            if status != 0:
-                break
-        # The sensors in the proxies' order, as gathered: it follows the tree's after a build, so
-        # consecutive walks share their paths.
-        sort_pairs(self.sensor_edits.pairs, self.sensor_edits.count)
-        for m in range(self.moved_sensors.count if status == 0 else 0):
-            proxy = <int32_t>self.moved_sensors.pairs[m].b
-            if (self.core.proxies[proxy].flags & FRESH_FAT) == FRESH_FAT:
-                status = self._refresh_one(finder, proxy, &stack, &hits, ended)
-                if status != 0:
-                    break
-        stack_free(&stack)
-        hits_free(&hits)
-        return status
-
-    cdef inline int _refresh_one(self, const Finder *finder, int32_t proxy, Stack *stack, Hits *hits,
-                                 PairBuffer *ended) noexcept nogil:
-        hits.count = 0
-        if find_partners(finder, proxy, stack, hits) != 0:
-            return -1
-        return self._merge_partners(proxy, hits, ended)
-
-    cdef int _refresh_on_threads(self, const Finder *finder, PairBuffer *ended) noexcept nogil:
-        """Stage 1 on threads. Without sensors, the threads merge too (refresh_all). With them, the
-        partners are found on the threads (find_all) and merged in the order one thread merges them:
-        finding reads only what merging leaves alone (the tree, the filters, the grid), so the lists
-        come out the same."""
+        """Stage 1: the proxies with new fat boxes get their partners, found a packet of neighbours at
+        a time (see find_all). With threads and no sensors, the threads merge them too (refresh_all).
+        Otherwise they are found first, on the threads if any, and merged after, the proxies that are
+        no sensors first, each kind in the proxies' order: finding reads only what merging leaves alone
+        (the tree, the filters, the grid), so the lists come out the same."""
         cdef int32_t *refat = <int32_t *>malloc(max(self.moved_count, 1) * sizeof(int32_t))
         cdef int64_t n = 0, m, room
         cdef int status = 0, sensors
@@ -852,7 +809,7 @@ cdef class Broadphase(TreeBase):
                 refat[n] = self.moved[m]
                 n += 1
         room = max(0, self.listed_limit - self.listed) if self.listed_limit >= 0 else -1
-        if self.sensor_count == 0 and n >= FIND_ON_THREADS_FROM:
+        if self.sensor_count == 0 and self.threads > 1 and n >= FIND_ON_THREADS_FROM:
             status = refresh_all(&self.core, finder, self.partners, refat, n, self.threads, room, &refreshed)
             self.listed += refreshed.listed
             self.touching += refreshed.touching

@@ -57,6 +57,54 @@ cdef extern from *:
 
 cdef extern from *:
     """
+    /* Up to eight fat-box queries walked together (a packet, see walk_packet): per axis, the lanes'
+       lower bounds in a row and their upper bounds in another, so that one node's box is tested
+       against four lanes with the six comparisons `meet` makes for one. An empty lane holds an empty
+       box (lower bound above upper). */
+    typedef struct { float lo[3][8]; float hi[3][8]; } dbvt_packet;
+    #if defined(__SSE__) || defined(_M_X64)
+    #include <xmmintrin.h>
+    static inline unsigned dbvt_packet_four(const dbvt_packet *p, int first, const float *box) {
+        __m128 in = _mm_and_ps(_mm_cmple_ps(_mm_loadu_ps(p->lo[0] + first), _mm_set1_ps(box[3])),
+                               _mm_cmple_ps(_mm_set1_ps(box[0]), _mm_loadu_ps(p->hi[0] + first)));
+        in = _mm_and_ps(in, _mm_and_ps(_mm_cmple_ps(_mm_loadu_ps(p->lo[1] + first), _mm_set1_ps(box[4])),
+                                       _mm_cmple_ps(_mm_set1_ps(box[1]), _mm_loadu_ps(p->hi[1] + first))));
+        in = _mm_and_ps(in, _mm_and_ps(_mm_cmple_ps(_mm_loadu_ps(p->lo[2] + first), _mm_set1_ps(box[5])),
+                                       _mm_cmple_ps(_mm_set1_ps(box[2]), _mm_loadu_ps(p->hi[2] + first))));
+        return (unsigned)_mm_movemask_ps(in);
+    }
+    static inline unsigned dbvt_packet_meet(const dbvt_packet *p, const float *box) {
+        return dbvt_packet_four(p, 0, box) | dbvt_packet_four(p, 4, box) << 4;
+    }
+    #else
+    static inline unsigned dbvt_packet_meet(const dbvt_packet *p, const float *box) {
+        unsigned lanes = 0;
+        for (int k = 0; k < 8; k++) {
+            lanes |= (unsigned)((p->lo[0][k] <= box[3]) & (box[0] <= p->hi[0][k]) & (p->lo[1][k] <= box[4])
+                                & (box[1] <= p->hi[1][k]) & (p->lo[2][k] <= box[5]) & (box[2] <= p->hi[2][k])) << k;
+        }
+        return lanes;
+    }
+    #endif
+    #if defined(__GNUC__) || defined(__clang__)
+    #define DBVT_LOWEST_LANE(lanes) __builtin_ctz(lanes)
+    #else
+    static inline int DBVT_LOWEST_LANE(unsigned lanes) { int k = 0; while (!(lanes & 1)) { lanes >>= 1; k++; } return k; }
+    #endif
+    """
+    ctypedef struct Packet "dbvt_packet":
+        float lo[3][8]
+        float hi[3][8]
+    # The lanes (bit k for lane k) whose box meets `box`, closed, as `meet` decides it.
+    uint32_t packet_meet "dbvt_packet_meet"(const Packet *p, const float *box) noexcept nogil
+    int lowest_lane "DBVT_LOWEST_LANE"(uint32_t lanes) noexcept nogil
+
+cdef enum:
+    PACKET_LANES = 8                # the most queries a packet walks together
+
+
+cdef extern from *:
+    """
     /* x > y ? x : y, and x < y ? x : y, without a branch: compilers keep these as branches when
        they may not reorder floating point, and in a tree walk, or over a sensor's partners (which
        side of its centre each lies on), their outcome is a coin toss. */
@@ -299,7 +347,30 @@ cdef inline int stack_push(Stack *stack, int32_t ref, uint32_t pending) noexcept
     return 0
 
 
+# Morton codes: a cell number's bits spread out, to interleave with the other axes'.
+cdef inline uint64_t spread_by_two(uint64_t x) noexcept nogil:
+    """The low 21 bits of x, two zero bits after each: one axis of a 3-D Morton code."""
+    x &= 0x1FFFFF
+    x = (x | x << 32) & <uint64_t>0x1F00000000FFFFULL
+    x = (x | x << 16) & <uint64_t>0x1F0000FF0000FFULL
+    x = (x | x << 8) & <uint64_t>0x100F00F00F00F00FULL
+    x = (x | x << 4) & <uint64_t>0x10C30C30C30C30C3ULL
+    return (x | x << 2) & <uint64_t>0x1249249249249249ULL
+
+
+cdef inline uint64_t spread_by_one(uint64_t x) noexcept nogil:
+    """The low 32 bits of x, a zero bit after each: one axis of a 2-D Morton code."""
+    x &= <uint64_t>0xFFFFFFFFULL
+    x = (x | x << 16) & <uint64_t>0x0000FFFF0000FFFFULL
+    x = (x | x << 8) & <uint64_t>0x00FF00FF00FF00FFULL
+    x = (x | x << 4) & <uint64_t>0x0F0F0F0F0F0F0F0FULL
+    x = (x | x << 2) & <uint64_t>0x3333333333333333ULL
+    return (x | x << 1) & <uint64_t>0x5555555555555555ULL
+
+
 cdef int walk(const TreeCore *t, Query *q, Stack *stack, Hits *hits) noexcept nogil
+cdef int walk_packet(const TreeCore *t, const Packet *p, uint32_t lanes, uint32_t skip_flags, Stack *stack,
+                     Hits *hits) noexcept nogil
 cdef void stack_free(Stack *stack) noexcept nogil
 cdef int grow_array(void **items, int64_t *capacity, int64_t need, size_t size) noexcept nogil
 cdef int hits_push(Hits *hits, int32_t proxy, double fraction) noexcept nogil

@@ -1,16 +1,18 @@
-# An update's two stages on threads: the partners of proxies whose fat boxes changed (stage 1,
-# find_all) and the pairs of moved proxies whose touching bit flips (stage 2, retest_all). Finding
-# only reads the world, so threads may take different proxies at once. In a world without sensors the
-# threads make the changes too (refresh_all, flip_all), each list written by one thread only: its
-# owner's, or the one that holds its range of proxy slots; with sensors, the broadphase makes them on
-# one thread, in the order one thread takes them (_broadphase.pyx).
+# An update's two stages: the partners of proxies whose fat boxes changed (stage 1, find_all, which
+# finds those of neighbours together, in packets) and the pairs of moved proxies whose touching bit
+# flips (stage 2, retest_all), on threads or on one. Finding only reads the world, so threads may take
+# different proxies at once. In a world without sensors the threads make the changes too
+# (refresh_all, flip_all), each list written by one thread only: its owner's, or the one that holds
+# its range of proxy slots; with sensors, or on one thread, the broadphase makes them in the
+# proxies' order (_broadphase.pyx).
 # Functions returning `int` return 0, or -1 when memory ran out.
 from libc.stdint cimport int32_t, int64_t, uint32_t
 from libc.string cimport memcpy
 
 from dbvt._batch cimport drop_repeats, sort_few_int32
 from dbvt._core cimport (
-    PROXY_SENSOR, PROXY_SENSOR_SPHERE, QUERY_FAT_BALL, QUERY_FAT_BOX, Hits, PairBuffer, Query, Stack, TreeCore, listed_allowed, walk,
+    PROXY_SENSOR, PROXY_SENSOR_SPHERE, QUERY_FAT_BALL, QUERY_FAT_BOX, Hits, PairBuffer, Query, Stack,
+    TreeCore, listed_allowed, walk,
 )
 from dbvt._partners cimport Partners
 from dbvt._sensors cimport SensorIndex, index_find, reach_ball, within_reach
@@ -21,6 +23,7 @@ cdef enum:
     UNCHANGED = -1                  # Found.count of a proxy whose list holds its partners already...
     NOT_FOUND = -2                  # ...and of one whose partners were not found: the threads stopped
     FAT_LIMIT = 2                   # a status: update(max_fat_pairs=...) stopped at its limit
+    PACK_FROM_SHARE = 8             # proxies walk in packets when at least 1 in this many refresh
 
 
 ctypedef struct Finder:             # what finding partners reads, and nothing writes meanwhile
@@ -48,16 +51,10 @@ cdef inline bint reach_allows(const TreeCore *t, int32_t a, int32_t b) noexcept 
     return True
 
 
-cdef inline int find_partners(const Finder *f, int32_t proxy, Stack *stack, Hits *hits) noexcept nogil:
-    """Append to `hits` the partners of `proxy`'s fat box: the proxies whose fat boxes it overlaps
-    (within reach, when either is a sphere sensor) and that may pair with it, sorted, each once."""
+cdef inline void fat_query(const Finder *f, int32_t proxy, Query *q) noexcept nogil:
+    """The walk that finds `proxy`'s partners' candidates: its fat box against the leaves' fat boxes."""
     cdef const TreeCore *t = f.t
-    cdef bint sensor = (t.proxies[proxy].flags & PROXY_SENSOR) != 0, reach = False, grid = False
     cdef double radius
-    cdef Query q
-    cdef int64_t start = hits.count, h, kept = hits.count
-    cdef int32_t other
-    cdef int found
     q.kind = QUERY_FAT_BOX
     q.groups = NULL
     # The walk leaves out the sensors' subtree: a sensor never pairs with one, and the grid finds
@@ -72,14 +69,24 @@ cdef inline int find_partners(const Finder *f, int32_t proxy, Stack *stack, Hits
             and reach_ball(t.proxies[proxy].fat, t.dims, q.center, &radius)):
         q.kind = QUERY_FAT_BALL
         q.radius_sq = radius * radius
-    if walk(t, &q, stack, hits) != 0:
-        return -1
-    if f.sensors and not sensor:
+
+
+cdef inline int settle_partners(const Finder *f, int32_t proxy, Query *q, Stack *stack, Hits *hits,
+                                int64_t start) noexcept nogil:
+    """After the walk of fat_query(proxy) appended its candidates to `hits` from `start`: the sensors
+    within reach added (a proxy in a world with sensors), then the candidates that may pair with
+    `proxy` kept, sorted, each once."""
+    cdef const TreeCore *t = f.t
+    cdef bint reach = False, grid = False
+    cdef int64_t h, kept = start
+    cdef int32_t other
+    cdef int found
+    if f.sensors and not (t.proxies[proxy].flags & PROXY_SENSOR):
         found = index_find(f.sensor_index, t, q.box, hits)     # only sensors within reach
         if found == 1:
             q.skip_flags = 0
             hits.count = start
-            found = walk(t, &q, stack, hits)
+            found = walk(t, q, stack, hits)
             reach = True
         if found != 0:
             return -1
@@ -96,6 +103,17 @@ cdef inline int find_partners(const Finder *f, int32_t proxy, Stack *stack, Hits
         kept = start + drop_repeats(hits.proxies + start, kept - start)
     hits.count = kept
     return 0
+
+
+cdef inline int find_partners(const Finder *f, int32_t proxy, Stack *stack, Hits *hits) noexcept nogil:
+    """Append to `hits` the partners of `proxy`'s fat box: the proxies whose fat boxes it overlaps
+    (within reach, when either is a sphere sensor) and that may pair with it, sorted, each once."""
+    cdef Query q
+    cdef int64_t start = hits.count
+    fat_query(f, proxy, &q)
+    if walk(f.t, &q, stack, hits) != 0:
+        return -1
+    return settle_partners(f, proxy, &q, stack, hits, start)
 
 
 cdef int find_all(const Finder *f, const Partners *partners, const int32_t *proxies, int64_t n, int threads,

@@ -23,7 +23,8 @@ from dbvt._core cimport (
     HIT_LIMIT, PREDICTION_STEPS, PREFETCH_AHEAD, PROXY_FLAGS, PROXY_LIVE, PROXY_SEEN, PROXY_SENSOR, Batch, IdPair,
     Node, PairBuffer, Proxy, Query, TreeCore,
     cache_costs, core_add, core_find, core_free, core_init, core_move, core_prefetch_find, mix64, prefetch,
-    core_remove, core_reserve, core_split_sensors, load_box, prefetch_move, rehash, wide_stale,
+    core_remove, core_reserve, core_split_sensors, load_box, prefetch_move, rehash, spread_by_one, spread_by_two,
+    wide_stale,
 )
 from dbvt._build cimport MAX_DIGIT_BITS, core_bulk_insert, core_rebuild, radix_sort
 from dbvt._check cimport core_area_ratio, core_check, core_height, core_memory
@@ -98,26 +99,6 @@ cdef object pair_array(PairBuffer *buffer):
 
 # Batches of at least this many proxies are inserted along a Morton curve (see TreeBase._add).
 SPATIAL_ORDER_FROM = 256
-
-
-cdef inline uint64_t spread_by_two(uint64_t x) noexcept nogil:
-    """The low 21 bits of x, two zero bits after each: one axis of a 3-D Morton code."""
-    x &= 0x1FFFFF
-    x = (x | x << 32) & <uint64_t>0x1F00000000FFFFULL
-    x = (x | x << 16) & <uint64_t>0x1F0000FF0000FFULL
-    x = (x | x << 8) & <uint64_t>0x100F00F00F00F00FULL
-    x = (x | x << 4) & <uint64_t>0x10C30C30C30C30C3ULL
-    return (x | x << 2) & <uint64_t>0x1249249249249249ULL
-
-
-cdef inline uint64_t spread_by_one(uint64_t x) noexcept nogil:
-    """The low 32 bits of x, a zero bit after each: one axis of a 2-D Morton code."""
-    x &= <uint64_t>0xFFFFFFFFULL
-    x = (x | x << 16) & <uint64_t>0x0000FFFF0000FFFFULL
-    x = (x | x << 8) & <uint64_t>0x00FF00FF00FF00FFULL
-    x = (x | x << 4) & <uint64_t>0x0F0F0F0F0F0F0F0FULL
-    x = (x | x << 2) & <uint64_t>0x3333333333333333ULL
-    return (x | x << 1) & <uint64_t>0x5555555555555555ULL
 
 
 cdef object proxy_order(const int32_t[::1] proxies, int32_t capacity, int threads):

@@ -3,10 +3,11 @@ lists cross that boundary both ways, through create, move, destroy and a round t
 and after every change the pairs equal the reference's and validate() passes. A list emptied by a
 destroy and filled again by a create under the same id reports only what changed."""
 import numpy as np
+import pytest
 
 import dbvt
 from dbvt import reference
-from worlds import assert_same_pairs
+from worlds import assert_same_pairs, update_both
 
 # Unit cubes along x: all overlap box 0 (at 0.0), and most overlap one another.
 STARTS = [0.0, 0.5, -0.5, 0.25, -0.25, 0.75, -0.75, 0.9]
@@ -74,3 +75,43 @@ def test_a_proxy_destroyed_and_created_again_before_the_update_changes_no_pair()
         entered, left = structure.sensor_events()
         assert (begun.tolist(), ended.tolist()) == ([], [[1, 2], [2, 3]]), type(structure)
         assert (entered.tolist(), left.tolist()) == ([], [[10, 2]]), type(structure)
+
+
+@pytest.mark.parametrize("dims", [2, 3])
+def test_a_crowd_that_leaves_its_fat_boxes_refreshes_in_packets_as_the_reference(dims):
+    """When many proxies leave their fat boxes at once (here every one, each step), their partners are
+    found eight neighbours to a walk (see design.md, "Partners found in packets"). Every update's
+    pairs and sensor events equal the reference's, with static proxies, groups and masks, and moving
+    sensors of both kinds whose partners are found one by one among the packets."""
+    rng = np.random.default_rng(dims)
+    n = 1500
+    side = (n / 3.0) ** (1.0 / dims)            # unit boxes, a few neighbours each
+    ids = rng.choice(2**40, n, replace=False).astype(np.uint64)
+    centres = rng.uniform(0, side, (n, dims))
+    static = np.arange(n) % 9 == 0
+    group = np.where(np.arange(n) % 5 == 0, 2, 1).astype(np.uint32)
+    mask = np.where(np.arange(n) % 7 == 0, 1, 0xFFFFFFFF).astype(np.uint32)
+    sensor_ids = np.arange(2**50, 2**50 + 12, dtype=np.uint64)
+    sensor_centres = rng.uniform(0, side, (12, dims))
+    kinds = np.where(np.arange(12) % 2, 1, 2).astype(np.uint8)
+    real = dbvt.Broadphase(dims=dims, margin=0.05, sensor_margin=0.5)
+    ref = reference.Broadphase(dims=dims, margin=0.05, sensor_margin=0.5)
+
+    def boxes(at, half):
+        return np.concatenate([at - half, at + half], axis=1).astype(np.float32)
+
+    for bp in (real, ref):
+        bp.create(ids, boxes(centres, 0.5), static=static, group=group, mask=mask)
+        bp.create(sensor_ids, boxes(sensor_centres, 2.0), sensor=kinds)
+    for step in range(6):
+        update_both(real, ref)
+        assert_same_pairs(real.pairs(), ref.pairs(), f"step {step}: pairs")
+        # A jump of 0.3 in a new direction: past the margin and the predicted path of each fat box.
+        jump = rng.normal(size=(n, dims))
+        centres += 0.3 * jump / np.linalg.norm(jump, axis=1, keepdims=True)
+        sensor_centres += 0.4
+        for bp in (real, ref):
+            bp.move(ids, boxes(centres, 0.5))
+            bp.move(sensor_ids, boxes(sensor_centres, 2.0))
+    update_both(real, ref)
+    real.validate()

@@ -14,7 +14,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 import dbvt
 from dbvt import reference
-from worlds import assert_same_csr
+from worlds import assert_same_csr, update_both
 
 lattice = st.integers(-16, 16).map(lambda q: q / 4)
 size = st.integers(0, 12).map(lambda q: q / 4)
@@ -119,15 +119,6 @@ class SensorMachine(RuleBasedStateMachine):
 
 SensorMachine.TestCase.settings = settings(max_examples=80, stateful_step_count=30, deadline=None)
 TestSensorsAgainstTheReference = SensorMachine.TestCase
-
-
-def update_both(real, ref):
-    """One update() of the core and of the reference: the same pairs begun and ended, and the same
-    sensor events."""
-    for got, expected in zip(real.update(), ref.update()):
-        np.testing.assert_array_equal(got, expected)
-    for got, expected in zip(real.sensor_events(), ref.sensor_events()):
-        np.testing.assert_array_equal(got, expected)
 
 
 def ball_world(sensor_margin=1.0):

@@ -135,3 +135,12 @@ def assert_same_pairs(got, expected, what: str = "pairs"):
         missing = set(map(tuple, np.asarray(expected).tolist())) - set(map(tuple, got.tolist()))
         raise AssertionError(f"{what} differ: {len(got)} vs {len(expected)} rows; unexpected {sorted(extra)[:5]}, "
                              f"missing {sorted(missing)[:5]}, order equal as sets: {not extra and not missing}")
+
+
+def update_both(real, ref):
+    """One update() of the core and of the reference: the same pairs begun and ended, and the same
+    sensor events."""
+    for got, expected in zip(real.update(), ref.update()):
+        np.testing.assert_array_equal(got, expected)
+    for got, expected in zip(real.sensor_events(), ref.sensor_events()):
+        np.testing.assert_array_equal(got, expected)
