@@ -35,8 +35,9 @@ from dbvt._core cimport (
     prefetch_move, stack_free, walk,
 )
 from dbvt._finding cimport (
-    FAT_LIMIT, FIND_ON_THREADS_FROM, NOT_FOUND, UNCHANGED, Finder, Found, Refreshed, Retest, Retests, find_all,
-    flip_all, found_free, reach_allows, refresh_all, retest_all, retests_free,
+    FAT_LIMIT, FIND_ON_THREADS_FROM, NOT_FOUND, UNCHANGED, Finder, Found, Packets, Refreshed, Retest, Retests,
+    find_all, flip_all, found_free, next_packet, packet_order, packets_free, reach_allows, refresh_all, retest_all,
+    retests_free,
 )
 from dbvt._parallel cimport run_parts
 from dbvt._partners cimport (
@@ -787,20 +788,12 @@ cdef class Broadphase(TreeBase):
         return status
 
     cdef int _refresh(self, const Finder *finder, PairBuffer *ended) noexcept nogil:
-        """Stage 1: the proxies with new fat boxes get their partners, found a packet of neighbours at
-        a time (see find_all). With threads and no sensors, the threads merge them too (refresh_all).
-        Otherwise they are found first, on the threads if any, and merged after, the proxies that are
-        no sensors first, each kind in the proxies' order: finding reads only what merging leaves alone
-        (the tree, the filters, the grid), so the lists come out the same."""
+        """Stage 1: the proxies with new fat boxes get their partners, found a packet of neighbours at a
+        time when many refresh (see packet_order in _finding.pyx), on threads from
+        FIND_ON_THREADS_FROM of them."""
         cdef int32_t *refat = <int32_t *>malloc(max(self.moved_count, 1) * sizeof(int32_t))
-        cdef int64_t n = 0, m, room
-        cdef int status = 0, sensors
-        cdef const Hits *source
-        cdef Hits view
-        cdef Found found
-        cdef Refreshed refreshed
-        memset(&found, 0, sizeof(Found))
-        memset(&refreshed, 0, sizeof(Refreshed))
+        cdef int64_t n = 0, m
+        cdef int status
         if refat == NULL:
             return -1
         for m in range(self.moved_count):       # ascending: a proxy listed twice is taken once
@@ -808,21 +801,85 @@ cdef class Broadphase(TreeBase):
                     and (n == 0 or refat[n - 1] != self.moved[m])):
                 refat[n] = self.moved[m]
                 n += 1
-        room = max(0, self.listed_limit - self.listed) if self.listed_limit >= 0 else -1
-        if self.sensor_count == 0 and self.threads > 1 and n >= FIND_ON_THREADS_FROM:
+        if self.threads > 1 and n >= FIND_ON_THREADS_FROM:
+            status = self._refresh_on_threads(finder, refat, n, ended)
+        else:
+            status = self._refresh_here(finder, refat, n, ended)
+        free(refat)
+        return status
+
+    cdef int _refresh_here(self, const Finder *finder, const int32_t *refat, int64_t n,
+                           PairBuffer *ended) noexcept nogil:
+        """Stage 1 on one thread, for `refat` (ascending): each proxy's partners merged as soon as they
+        are found, while the partners its walk read are still in cache. The proxies that are no
+        sensors first (see _merge_partners), then the sensors, one by one in their order."""
+        cdef int32_t *kinds = <int32_t *>malloc(max(n, 1) * sizeof(int32_t))
+        cdef int32_t *first
+        cdef int64_t *order = NULL
+        cdef int64_t plain = 0, filled = 0, count, position, m
+        cdef bint together = False
+        cdef Packets packets
+        cdef int status = 0, sensors, k
+        if kinds == NULL:
+            return -1
+        memset(&packets, 0, sizeof(Packets))
+        for sensors in range(2):
+            for m in range(n):
+                if is_sensor(&self.core, refat[m]) == sensors:
+                    kinds[filled] = refat[m]
+                    filled += 1
+            if not sensors:
+                plain = filled
+        for sensors in range(2 if self.sensor_count else 1):
+            first = kinds + plain if sensors else kinds
+            count = n - plain if sensors else plain
+            if sensors:
+                sort_pairs(self.sensor_edits.pairs, self.sensor_edits.count)
+            else:
+                order = packet_order(&self.core, first, count, &together)
+                if order == NULL:
+                    status = -1
+            position = 0
+            while status == 0 and position < count:
+                if next_packet(finder, first, order, &position, count, together and not sensors, &packets) != 0:
+                    status = -1
+                    break
+                for k in range(packets.count):
+                    status = self._merge_partners(first[packets.at[k]], &packets.lanes[k], ended)
+                    if status != 0:
+                        break
+            free(order)
+            order = NULL
+        packets_free(&packets)
+        free(kinds)
+        return status
+
+    cdef int _refresh_on_threads(self, const Finder *finder, const int32_t *refat, int64_t n,
+                                 PairBuffer *ended) noexcept nogil:
+        """Stage 1 on threads, for `refat` (ascending). Without sensors, the threads merge too
+        (refresh_all). With them, the partners are found on the threads (find_all) and merged in the
+        order _refresh_here merges them: finding reads only what merging leaves alone (the tree, the
+        filters, the grid), so the lists come out the same."""
+        cdef int64_t m, room = max(0, self.listed_limit - self.listed) if self.listed_limit >= 0 else -1
+        cdef int status = 0, sensors
+        cdef const Hits *source
+        cdef Hits view
+        cdef Found found
+        cdef Refreshed refreshed
+        memset(&found, 0, sizeof(Found))
+        memset(&refreshed, 0, sizeof(Refreshed))
+        if self.sensor_count == 0:
             status = refresh_all(&self.core, finder, self.partners, refat, n, self.threads, room, &refreshed)
             self.listed += refreshed.listed
             self.touching += refreshed.touching
             if status == 0:
                 status = pairs_extend(ended, &refreshed.ended)
             pairs_free(&refreshed.ended)
-            free(refat)
             if status == 0 and 0 <= self.listed_limit < self.listed:
                 return FAT_LIMIT
             return status
-        status = find_all(finder, self.partners, refat, n, self.threads if n >= FIND_ON_THREADS_FROM else 1, room,
-                          &found)
-        for sensors in range(2 if self.sensor_count else 1):
+        status = find_all(finder, self.partners, refat, n, self.threads, room, &found)
+        for sensors in range(2):
             # The proxies that are no sensors first, the sensors after (see _merge_partners).
             if sensors:
                 sort_pairs(self.sensor_edits.pairs, self.sensor_edits.count)
@@ -847,7 +904,6 @@ cdef class Broadphase(TreeBase):
                 view.count = view.capacity = found.count[m]
                 status = self._merge_partners(refat[m], &view, ended)
         found_free(&found)
-        free(refat)
         return status
 
     cdef int _retest_on_threads(self, PairBuffer *begun, PairBuffer *ended) noexcept nogil:

@@ -11,7 +11,7 @@ from libc.string cimport memcpy
 
 from dbvt._batch cimport drop_repeats, sort_few_int32
 from dbvt._core cimport (
-    PROXY_SENSOR, PROXY_SENSOR_SPHERE, QUERY_FAT_BALL, QUERY_FAT_BOX, Hits, PairBuffer, Query, Stack,
+    PACKET_LANES, PROXY_SENSOR, PROXY_SENSOR_SPHERE, QUERY_FAT_BALL, QUERY_FAT_BOX, Hits, PairBuffer, Query, Stack,
     TreeCore, listed_allowed, walk,
 )
 from dbvt._partners cimport Partners
@@ -114,6 +114,19 @@ cdef inline int find_partners(const Finder *f, int32_t proxy, Stack *stack, Hits
     if walk(f.t, &q, stack, hits) != 0:
         return -1
     return settle_partners(f, proxy, &q, stack, hits, start)
+
+
+ctypedef struct Packets:            # a thread's walks of up to PACKET_LANES proxies at once (next_packet)
+    Hits lanes[PACKET_LANES]        # each walked proxy's partners, a lane each
+    int64_t at[PACKET_LANES]        # where in the job's proxies each lane's proxy is
+    int count                       # lanes the last walk filled
+    Stack stack
+
+
+cdef int64_t *packet_order(const TreeCore *t, const int32_t *proxies, int64_t n, bint *together) noexcept nogil
+cdef int next_packet(const Finder *f, const int32_t *proxies, const int64_t *order, int64_t *position,
+                     int64_t end, bint together, Packets *p) noexcept nogil
+cdef void packets_free(Packets *p) noexcept nogil
 
 
 cdef int find_all(const Finder *f, const Partners *partners, const int32_t *proxies, int64_t n, int threads,

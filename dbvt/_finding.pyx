@@ -101,13 +101,6 @@ cdef inline bint take_chunk(Chunks *c, int worker, int64_t *chunk, int64_t *star
     return True
 
 
-ctypedef struct Packets:            # a thread's walks of up to PACKET_LANES proxies at once (next_packet)
-    Hits lanes[PACKET_LANES]        # each walked proxy's partners, a lane each
-    int64_t at[PACKET_LANES]        # where in the job's proxies each lane's proxy is
-    int count                       # lanes the last walk filled
-    Stack stack
-
-
 cdef enum:
     ORDER_BITS = 10                 # per axis in 3-D (15 in 2-D): packet_order's Morton cells
 
@@ -164,12 +157,16 @@ cdef int64_t *packet_order(const TreeCore *t, const int32_t *proxies, int64_t n,
     return order
 
 
+cdef inline int64_t place(const int64_t *order, int64_t position) noexcept nogil:
+    return order[position] if order != NULL else position
+
+
 cdef int next_packet(const Finder *f, const int32_t *proxies, const int64_t *order, int64_t *position,
                      int64_t end, bint together, Packets *p) noexcept nogil:
-    """The partners of the next proxies from proxies[order[position]] on (before proxies[order[end]]),
-    what find_partners finds for each: `together`, up to PACKET_LANES proxies that are no sensors in
-    one walk (walk_packet); else, or for a sensor, one alone. `p.count` lanes hold them; `position`
-    moves past them."""
+    """The partners of the next proxies from proxies[order[position]] on (before proxies[order[end]];
+    without an `order`, from proxies[position] on), what find_partners finds for each: `together`, up
+    to PACKET_LANES proxies that are no sensors in one walk (walk_packet); else, or for a sensor, one
+    alone. `p.count` lanes hold them; `position` moves past them."""
     cdef const TreeCore *t = f.t
     cdef Packet packet
     cdef Query q
@@ -178,14 +175,14 @@ cdef int next_packet(const Finder *f, const int32_t *proxies, const int64_t *ord
     p.count = 0
     for k in range(PACKET_LANES):
         p.lanes[k].count = 0
-    if not together or t.proxies[proxies[order[position[0]]]].flags & PROXY_SENSOR:
-        p.at[0] = order[position[0]]
+    if not together or t.proxies[proxies[place(order, position[0])]].flags & PROXY_SENSOR:
+        p.at[0] = place(order, position[0])
         p.count = 1
         position[0] += 1
         return find_partners(f, proxies[p.at[0]], &p.stack, &p.lanes[0])
     while (position[0] < end and p.count < PACKET_LANES
-           and not (t.proxies[proxies[order[position[0]]]].flags & PROXY_SENSOR)):
-        p.at[p.count] = order[position[0]]
+           and not (t.proxies[proxies[place(order, position[0])]].flags & PROXY_SENSOR)):
+        p.at[p.count] = place(order, position[0])
         p.count += 1
         position[0] += 1
     for k in range(PACKET_LANES):
