@@ -836,7 +836,7 @@ cdef class Broadphase(TreeBase):
             if sensors:
                 sort_pairs(self.sensor_edits.pairs, self.sensor_edits.count)
             else:
-                order = packet_order(&self.core, first, count, &together)
+                order = packet_order(&self.core, first, count, NULL, &together)
                 if order == NULL:
                     status = -1
             position = 0

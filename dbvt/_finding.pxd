@@ -14,6 +14,7 @@ from dbvt._core cimport (
     PACKET_LANES, PROXY_SENSOR, PROXY_SENSOR_SPHERE, QUERY_FAT_BALL, QUERY_FAT_BOX, Hits, PairBuffer, Query, Stack,
     TreeCore, listed_allowed, walk,
 )
+from dbvt._parallel cimport Runs
 from dbvt._partners cimport Partners
 from dbvt._sensors cimport SensorIndex, index_find, reach_ball, within_reach
 
@@ -123,7 +124,8 @@ ctypedef struct Packets:            # a thread's walks of up to PACKET_LANES pro
     Stack stack
 
 
-cdef int64_t *packet_order(const TreeCore *t, const int32_t *proxies, int64_t n, bint *together) noexcept nogil
+cdef int64_t *packet_order(const TreeCore *t, const int32_t *proxies, int64_t n, const Runs *runs,
+                           bint *together) noexcept nogil
 cdef int next_packet(const Finder *f, const int32_t *proxies, const int64_t *order, int64_t *position,
                      int64_t end, bint together, Packets *p) noexcept nogil
 cdef void packets_free(Packets *p) noexcept nogil

@@ -13,7 +13,7 @@ from dbvt._core cimport (
     prefetch, ref_box, spread_by_one, spread_by_two, stack_free, walk_packet,
 )
 from dbvt._parallel cimport (
-    Runs, add_fetch, byte_get, byte_set, counter_get, counter_set, dbvt_counter, run_parts, runs_init, runs_take,
+    add_fetch, byte_get, byte_set, counter_get, counter_set, dbvt_counter, run_parts, runs_init, runs_take,
 )
 from dbvt._partners cimport (
     TOUCHING, items_of, partners_erase, partners_find, partners_insert, partners_reserve, tight_overlap,
@@ -105,56 +105,81 @@ cdef enum:
     ORDER_BITS = 10                 # per axis in 3-D (15 in 2-D): packet_order's Morton cells
 
 
-cdef int64_t *packet_order(const TreeCore *t, const int32_t *proxies, int64_t n, bint *together) noexcept nogil:
+ctypedef struct Ordering:           # packet_order's work, cut by the threads' runs
+    const TreeCore *t
+    const int32_t *proxies
+    int64_t n
+    const Runs *runs                # NULL: one run
+    uint64_t *keys
+    uint64_t *scratch
+    int64_t *order
+    double low[3]                   # the Morton cells: the root's box...
+    double scale[3]                 # ...cut into (1 << ORDER_BITS) a side in 3-D
+
+
+cdef void order_part(void *context, int part) noexcept nogil:
+    """The Morton order of one run of the proxies, by their fat boxes' centres."""
+    cdef Ordering *o = <Ordering *>context
+    cdef const TreeCore *t = o.t
+    cdef int64_t lo = o.runs.first[part] * FIND_CHUNK if o.runs != NULL else 0
+    cdef int64_t hi = min(o.n, o.runs.first[part + 1] * FIND_CHUNK) if o.runs != NULL else o.n
+    cdef const uint64_t *ordered
+    cdef const float *fat
+    cdef uint64_t code, cell
+    cdef int64_t i
+    cdef int axis
+    for i in range(lo, hi):
+        fat = t.proxies[o.proxies[i]].fat
+        code = 0
+        for axis in range(t.dims):
+            cell = <uint64_t>((0.5 * (<double>fat[axis] + fat[axis + 3]) - o.low[axis]) * o.scale[axis])
+            code |= (spread_by_two(cell) if t.dims == 3 else spread_by_one(cell)) << axis
+        o.keys[i] = code << 32 | <uint64_t>i
+    ordered = radix_sort(o.keys + lo, o.scratch + lo, hi - lo, 32, 3, ORDER_BITS, 1)
+    for i in range(hi - lo):
+        o.order[lo + i] = <int64_t><uint32_t>ordered[i]
+
+
+cdef int64_t *packet_order(const TreeCore *t, const int32_t *proxies, int64_t n, const Runs *runs,
+                           bint *together) noexcept nogil:
     """The order in which next_packet takes `proxies` (positions in it), and whether it takes them in
     packets (`together`). When at least one proxy in PACK_FROM_SHARE refreshes: along a Morton curve
     of their fat boxes' centres, so that a packet's proxies are neighbours in space. (The proxies'
     own order follows the tree's only until its leaves have moved about: in a dense scene, packets
-    of four in that order saved an eighth of the visits, in the tree's order half.) Fewer, spread
-    over a large tree, share only its top levels, which stay in cache anyway: they go one by one, in
-    their order, as does a run of fewer than FIND_CHUNK. NULL when memory ran out."""
-    cdef int64_t *order = <int64_t *>malloc(max(n, 1) * sizeof(int64_t))
-    cdef uint64_t *keys
-    cdef uint64_t *scratch
-    cdef const uint64_t *sorted_keys
+    of four in that order saved an eighth of the visits, in the tree's order half.) With the threads'
+    `runs` of chunks, within each run, on as many threads: a thread then still takes the proxies of
+    its own range of slots, whose lists it edits after, and reading their fat boxes, scattered over
+    the pool, is no serial stage. Fewer, spread over a large tree, share only its top levels, which
+    stay in cache anyway: they go one by one, in their order, as does a run of fewer than
+    FIND_CHUNK. NULL when memory ran out."""
+    cdef Ordering o
     cdef const float *world
-    cdef const float *fat
-    cdef double low[3]
-    cdef double scale[3]
     cdef double top = (1 << ORDER_BITS) - 1 if t.dims == 3 else (1 << (3 * ORDER_BITS // 2)) - 1
-    cdef uint64_t code, cell
     cdef int64_t i
     cdef int axis
+    o.order = <int64_t *>malloc(max(n, 1) * sizeof(int64_t))
     together[0] = n * PACK_FROM_SHARE >= t.proxy_count
-    if order == NULL or n < FIND_CHUNK or not together[0]:
-        for i in range(n if order != NULL else 0):
-            order[i] = i
-        return order
-    keys = <uint64_t *>malloc(n * sizeof(uint64_t))
-    scratch = <uint64_t *>malloc(n * sizeof(uint64_t))
-    if keys == NULL or scratch == NULL:
-        free(order)
-        free(keys)
-        free(scratch)
+    if o.order == NULL or n < FIND_CHUNK or not together[0]:
+        for i in range(n if o.order != NULL else 0):
+            o.order[i] = i
+        return o.order
+    o.keys = <uint64_t *>malloc(n * sizeof(uint64_t))
+    o.scratch = <uint64_t *>malloc(n * sizeof(uint64_t))
+    if o.keys == NULL or o.scratch == NULL:
+        free(o.order)
+        free(o.keys)
+        free(o.scratch)
         return NULL
     # Every fat box lies within the root's box.
     world = ref_box(t, t.root)
     for axis in range(t.dims):
-        low[axis] = world[axis]
-        scale[axis] = top / (<double>world[axis + 3] - world[axis]) if world[axis + 3] > world[axis] else 0.0
-    for i in range(n):
-        fat = t.proxies[proxies[i]].fat
-        code = 0
-        for axis in range(t.dims):
-            cell = <uint64_t>((0.5 * (<double>fat[axis] + fat[axis + 3]) - low[axis]) * scale[axis])
-            code |= (spread_by_two(cell) if t.dims == 3 else spread_by_one(cell)) << axis
-        keys[i] = code << 32 | <uint64_t>i
-    sorted_keys = radix_sort(keys, scratch, n, 32, 3, ORDER_BITS, 1)
-    for i in range(n):
-        order[i] = <int64_t><uint32_t>sorted_keys[i]
-    free(keys)
-    free(scratch)
-    return order
+        o.low[axis] = world[axis]
+        o.scale[axis] = top / (<double>world[axis + 3] - world[axis]) if world[axis + 3] > world[axis] else 0.0
+    o.t, o.proxies, o.n, o.runs = t, proxies, n, runs
+    run_parts(order_part, &o, runs.runs if runs != NULL else 1)
+    free(o.keys)
+    free(o.scratch)
+    return o.order
 
 
 cdef inline int64_t place(const int64_t *order, int64_t position) noexcept nogil:
@@ -313,9 +338,6 @@ cdef int find_all(const Finder *f, const Partners *partners, const int32_t *prox
         return -1
     for i in range(n):
         out.count[i] = NOT_FOUND
-    job.order = packet_order(f.t, proxies, n, &job.together)
-    if job.order == NULL:
-        return -1
     job.f = f
     job.partners = partners
     job.proxies = proxies
@@ -325,6 +347,9 @@ cdef int find_all(const Finder *f, const Partners *partners, const int32_t *prox
     job.limit.gained = 0
     counter_set(&job.limit.stopped, 0)
     chunks_init(&job.chunks, n, out.workers)
+    job.order = packet_order(f.t, proxies, n, &job.chunks.runs, &job.together)
+    if job.order == NULL:
+        return -1
     counter_set(&job.failed, 0)
     run_parts(find_worker, &job, out.workers)
     free(<void *>job.order)
@@ -617,8 +642,8 @@ cdef int refresh_all(TreeCore *t, const Finder *f, Partners *partners, const int
     job.pending = <Edits *>calloc(job.workers, sizeof(Edits))
     job.done = <Refreshed *>calloc(job.workers, sizeof(Refreshed))
     job.fixes = <Refreshed *>calloc(job.workers, sizeof(Refreshed))
-    job.order = packet_order(t, refat, n, &job.together)
     chunks_init(&job.chunks, n, job.workers)
+    job.order = packet_order(t, refat, n, &job.chunks.runs, &job.together)
     counter_set(&job.failed, 0)
     counter_set(&job.limit.stopped, 0)
     if (job.order == NULL or job.merged == NULL or job.mirrors == NULL or job.pending == NULL or job.done == NULL
