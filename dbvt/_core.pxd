@@ -57,10 +57,10 @@ cdef extern from *:
 
 cdef extern from *:
     """
-    /* Up to eight fat-box queries walked together (a packet, see walk_packet): per axis, the lanes'
-       lower bounds in a row and their upper bounds in another, so that one node's box is tested
-       against four lanes with the six comparisons `meet` makes for one. An empty lane holds an empty
-       box (lower bound above upper). */
+    /* Up to eight fat-box queries walked together (a packet, QUERY_FAT_PACKET): per axis, the
+       lanes' lower bounds in a row and their upper bounds in another, so that one node's box is
+       tested against four lanes with the six comparisons `meet` makes for one. An empty lane holds
+       an empty box (lower bound above upper). */
     typedef struct { float lo[3][8]; float hi[3][8]; } dbvt_packet;
     #if defined(__SSE__) || defined(_M_X64)
     #include <xmmintrin.h>
@@ -212,6 +212,7 @@ cdef enum QueryKind:
     QUERY_FAT_BOX                   # a box against the leaves' fat boxes
     QUERY_FAT_BALL                  # a sphere sensor's reach: leaves' fat boxes that meet the box and
                                     # touch the ball (center, radius_sq) inside it
+    QUERY_FAT_PACKET                # QUERY_FAT_BOX for each lane of a packet at once
 
 ctypedef struct Query:
     QueryKind kind
@@ -228,6 +229,8 @@ ctypedef struct Query:
     uint32_t mask                   # proxies whose group has no bit of mask are skipped...
     const uint32_t *groups          # ...when groups (indexed by proxy) is not NULL
     uint32_t skip_flags             # leaves with any of these Proxy.flags are skipped (sensors)
+    const Packet *packet            # QUERY_FAT_PACKET: the lanes' boxes...
+    uint32_t lanes                  # ...and which lanes hold one (bit k for lane k)
 
 ctypedef struct Quad:               # four children side by side, tested in one SIMD step: 128 B, two cache lines
     float lo[3][4]                  # 48 B  min x, y, z of children 0-3 (an axis' four in one register)
@@ -369,8 +372,6 @@ cdef inline uint64_t spread_by_one(uint64_t x) noexcept nogil:
 
 
 cdef int walk(const TreeCore *t, Query *q, Stack *stack, Hits *hits) noexcept nogil
-cdef int walk_packet(const TreeCore *t, const Packet *p, uint32_t lanes, uint32_t skip_flags, Stack *stack,
-                     Hits *hits) noexcept nogil
 cdef void stack_free(Stack *stack) noexcept nogil
 cdef int grow_array(void **items, int64_t *capacity, int64_t need, size_t size) noexcept nogil
 cdef int hits_push(Hits *hits, int32_t proxy, double fraction) noexcept nogil

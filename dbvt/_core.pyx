@@ -1280,6 +1280,8 @@ ctypedef struct FatBoxKind:         # a box against the leaves' fat boxes: the b
     char unused
 ctypedef struct FatBallKind:        # a sphere sensor's candidates: its reach's ball, not its whole box
     char unused
+ctypedef struct PacketKind:         # up to eight fat boxes at once, a lane each (see Packet)
+    char unused
 
 ctypedef fused Kind:
     BoxKind
@@ -1288,6 +1290,7 @@ ctypedef fused Kind:
     FrustumKind
     FatBoxKind
     FatBallKind
+    PacketKind
 
 
 cdef inline bint classify_node(const Kind *kind, const Query *q, const float *box, uint32_t *pending) noexcept nogil:
@@ -1295,7 +1298,11 @@ cdef inline bint classify_node(const Kind *kind, const Query *q, const float *bo
     cdef double entry
     cdef uint32_t bits
     cdef int j
-    if Kind is BoxKind or Kind is FatBoxKind:
+    if Kind is PacketKind:
+        # `pending` holds the lanes still walking: those whose box meets this node's.
+        pending[0] &= packet_meet(q.packet, box)
+        return pending[0] != 0
+    elif Kind is BoxKind or Kind is FatBoxKind:
         if not meet(q.box, box):
             return False
         if holds(q.box, box):
@@ -1409,6 +1416,8 @@ cdef int walk_kind(const Kind *kind, const TreeCore *t, Query *q, Stack *stack, 
     cdef int32_t root = subtree_root(t, False) if q.skip_flags & PROXY_SENSOR else t.root
     if Kind is FrustumKind:
         pending = <uint32_t>0xFFFFFFFF if q.plane_count == 32 else (<uint32_t>1 << q.plane_count) - 1
+    elif Kind is PacketKind:
+        pending = q.lanes
     stack.count = 0
     if root == NULL_REF:
         return 0
@@ -1420,6 +1429,14 @@ cdef int walk_kind(const Kind *kind, const TreeCore *t, Query *q, Stack *stack, 
         if entry.ref < 0:
             proxy = ~entry.ref
             if (t.proxies[proxy].flags & q.skip_flags) or (q.groups != NULL and (q.groups[proxy] & q.mask) == 0):
+                continue
+            if Kind is PacketKind:
+                # A lane's hits go to its own list: `hits` holds one a lane.
+                pending = packet_meet(q.packet, t.proxies[proxy].fat) & entry.pending
+                while pending:
+                    if hits_push(&hits[lowest_lane(pending)], proxy, 0.0) != 0:
+                        return -1
+                    pending &= pending - 1
                 continue
             fraction = 0.0
             if entry.pending == 0 or test_leaf(kind, q, &t.proxies[proxy], entry.pending, &fraction):
@@ -1440,7 +1457,10 @@ cdef int walk_kind(const Kind *kind, const TreeCore *t, Query *q, Stack *stack, 
 
 cdef int walk(const TreeCore *t, Query *q, Stack *stack, Hits *hits) noexcept nogil:
     """Append to `hits` every proxy whose tight box the query touches (and whose group passes the
-    mask). One walker serves every query kind."""
+    mask); for the broadphase's kinds, whose fat box. One walker serves every query kind.
+    QUERY_FAT_PACKET walks its lanes together, each node tested once for all: neighbours' walks go
+    down mostly the same paths (in a dense scene eight visit a third of the nodes they would one by
+    one), and `hits` holds a list a lane, each getting what a QUERY_FAT_BOX walk of its box gets."""
     if q.kind == QUERY_BOX:
         return walk_kind(<BoxKind *>NULL, t, q, stack, hits)
     if q.kind == QUERY_SPHERE:
@@ -1451,40 +1471,6 @@ cdef int walk(const TreeCore *t, Query *q, Stack *stack, Hits *hits) noexcept no
         return walk_kind(<FatBoxKind *>NULL, t, q, stack, hits)
     if q.kind == QUERY_FAT_BALL:
         return walk_kind(<FatBallKind *>NULL, t, q, stack, hits)
+    if q.kind == QUERY_FAT_PACKET:
+        return walk_kind(<PacketKind *>NULL, t, q, stack, hits)
     return walk_kind(<FrustumKind *>NULL, t, q, stack, hits)
-
-
-cdef int walk_packet(const TreeCore *t, const Packet *p, uint32_t lanes, uint32_t skip_flags, Stack *stack,
-                     Hits *hits) noexcept nogil:
-    """For each lane k in `lanes`, append to `hits[k]` what walk() appends for a QUERY_FAT_BOX query of
-    the lane's box (and `skip_flags`): the proxies whose fat boxes it meets. The lanes walk together,
-    each node tested once for all, and a lane leaves a subtree as its own walk would. Queries from
-    nearby proxies go down mostly the same paths: in a dense scene eight of them visit a third of the
-    nodes their walks would one by one, and each visit waits on a node's load alike."""
-    cdef StackEntry entry
-    cdef int32_t proxy
-    cdef uint32_t met
-    cdef int32_t root = subtree_root(t, False) if skip_flags & PROXY_SENSOR else t.root
-    stack.count = 0
-    if root == NULL_REF:
-        return 0
-    if stack_push(stack, root, lanes) != 0:
-        return -1
-    while stack.count:
-        stack.count -= 1
-        entry = stack.entries[stack.count]
-        if entry.ref >= 0:
-            met = packet_meet(p, t.nodes[entry.ref].box) & entry.pending
-            if met and (stack_push(stack, t.nodes[entry.ref].child[1], met) != 0
-                        or stack_push(stack, t.nodes[entry.ref].child[0], met) != 0):
-                return -1
-            continue
-        proxy = ~entry.ref
-        if t.proxies[proxy].flags & skip_flags:
-            continue
-        met = packet_meet(p, t.proxies[proxy].fat) & entry.pending
-        while met:
-            if hits_push(&hits[lowest_lane(met)], proxy, 0.0) != 0:
-                return -1
-            met &= met - 1
-    return 0

@@ -9,8 +9,8 @@ from libc.string cimport memcpy, memset
 from dbvt._batch cimport pairs_extend, pairs_free, pairs_push
 from dbvt._build cimport radix_sort
 from dbvt._core cimport (
-    PACKET_LANES, PREFETCH_AHEAD, PROXY_MOVED, PROXY_REFAT, PROXY_SEEN, PROXY_SENSOR, Packet, grow_array, hits_free,
-    prefetch, ref_box, spread_by_one, spread_by_two, stack_free, walk_packet,
+    PACKET_LANES, PREFETCH_AHEAD, PROXY_MOVED, PROXY_REFAT, PROXY_SEEN, PROXY_SENSOR, QUERY_FAT_PACKET, Packet,
+    grow_array, hits_free, prefetch, ref_box, spread_by_one, spread_by_two, stack_free,
 )
 from dbvt._parallel cimport (
     add_fetch, byte_get, byte_set, counter_get, counter_set, dbvt_counter, run_parts, runs_init, runs_take,
@@ -190,7 +190,7 @@ cdef int next_packet(const Finder *f, const int32_t *proxies, const int64_t *ord
                      int64_t end, bint together, Packets *p) noexcept nogil:
     """The partners of the next proxies from proxies[order[position]] on (before proxies[order[end]];
     without an `order`, from proxies[position] on), what find_partners finds for each: `together`, up
-    to PACKET_LANES proxies that are no sensors in one walk (walk_packet); else, or for a sensor, one
+    to PACKET_LANES proxies that are no sensors in one walk (QUERY_FAT_PACKET); else, or for a sensor, one
     alone. `p.count` lanes hold them; `position` moves past them."""
     cdef const TreeCore *t = f.t
     cdef Packet packet
@@ -218,7 +218,12 @@ cdef int next_packet(const Finder *f, const int32_t *proxies, const int64_t *ord
             else:
                 packet.lo[axis][k] = 1.0
                 packet.hi[axis][k] = -1.0
-    if walk_packet(t, &packet, (1u << p.count) - 1, PROXY_SENSOR if f.sensors else 0, &p.stack, p.lanes) != 0:
+    q.kind = QUERY_FAT_PACKET
+    q.packet = &packet
+    q.lanes = (1u << p.count) - 1
+    q.groups = NULL
+    q.skip_flags = PROXY_SENSOR if f.sensors else 0
+    if walk(t, &q, &p.stack, p.lanes) != 0:
         return -1
     for k in range(p.count):
         proxy = proxies[p.at[k]]
