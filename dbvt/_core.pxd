@@ -59,8 +59,8 @@ cdef extern from *:
     """
     /* Up to eight fat-box queries walked together (a packet, QUERY_FAT_PACKET): per axis, the
        lanes' lower bounds in a row and their upper bounds in another, so that one node's box is
-       tested against four lanes with the six comparisons `meet` makes for one. An empty lane holds
-       an empty box (lower bound above upper). */
+       tested against four lanes with the six comparisons `meet` makes for one. A walk masks out
+       the lanes its query does not use (Query.lanes), whatever they hold. */
     typedef struct { float lo[3][8]; float hi[3][8]; } dbvt_packet;
     #if defined(__SSE__) || defined(_M_X64)
     #include <xmmintrin.h>

@@ -210,14 +210,11 @@ cdef int next_packet(const Finder *f, const int32_t *proxies, const int64_t *ord
         p.at[p.count] = place(order, position[0])
         p.count += 1
         position[0] += 1
-    for k in range(PACKET_LANES):
+    memset(&packet, 0, sizeof(Packet))
+    for k in range(p.count):
         for axis in range(3):
-            if k < p.count:
-                packet.lo[axis][k] = t.proxies[proxies[p.at[k]]].fat[axis]
-                packet.hi[axis][k] = t.proxies[proxies[p.at[k]]].fat[axis + 3]
-            else:
-                packet.lo[axis][k] = 1.0
-                packet.hi[axis][k] = -1.0
+            packet.lo[axis][k] = t.proxies[proxies[p.at[k]]].fat[axis]
+            packet.hi[axis][k] = t.proxies[proxies[p.at[k]]].fat[axis + 3]
     q.kind = QUERY_FAT_PACKET
     q.packet = &packet
     q.lanes = (1u << p.count) - 1
@@ -242,10 +239,10 @@ cdef void packets_free(Packets *p) noexcept nogil:
 
 cdef int hits_append(Hits *hits, const Hits *more) noexcept nogil:
     """Append `more`'s proxies (and their fractions, where a merge keeps budgets meanwhile)."""
-    cdef int64_t capacity = hits.capacity
-    if grow_array(<void **>&hits.proxies, &capacity, hits.count + more.count, sizeof(int32_t)) != 0:
-        return -1
-    if grow_array(<void **>&hits.fractions, &hits.capacity, hits.count + more.count, sizeof(double)) != 0:
+    cdef int64_t need = hits.count + more.count, capacity = hits.capacity
+    # The two arrays grow alike, from one capacity.
+    if (grow_array(<void **>&hits.proxies, &capacity, need, sizeof(int32_t)) != 0
+            or grow_array(<void **>&hits.fractions, &hits.capacity, need, sizeof(double)) != 0):
         return -1
     memcpy(hits.proxies + hits.count, more.proxies, more.count * sizeof(int32_t))
     memcpy(hits.fractions + hits.count, more.fractions, more.count * sizeof(double))
@@ -289,6 +286,7 @@ cdef void find_worker(void *context, int worker) noexcept nogil:
     cdef int k
     cdef bint stop = False
     cdef const Partners *mine
+    cdef const Hits *found
     memset(&packets, 0, sizeof(Packets))
     memset(&hits, 0, sizeof(Hits))
     while (not stop and not counter_get(&job.failed) and not counter_get(&job.limit.stopped)
@@ -301,25 +299,23 @@ cdef void find_worker(void *context, int worker) noexcept nogil:
                 break
             for k in range(packets.count):
                 i = packets.at[k]
+                found = &packets.lanes[k]
                 job.out.first[i] = hits.count
                 job.out.worker[i] = worker
                 mine = &job.partners[job.proxies[i]]
-                if job.limit.room >= 0 and past_limit(&job.limit, &tally, list_gain(
-                        job.f.t, mine, job.proxies[i], packets.lanes[k].proxies, packets.lanes[k].count, NULL),
-                        position == end and k + 1 == packets.count):
-                    job.out.count[i] = <int32_t>packets.lanes[k].count
-                    if hits_append(&hits, &packets.lanes[k]) != 0:
-                        counter_set(&job.failed, 1)
-                    stop = True
-                    break
+                # Past the limit, this proxy's partners are the last found.
+                stop = job.limit.room >= 0 and past_limit(&job.limit, &tally, list_gain(
+                    job.f.t, mine, job.proxies[i], found.proxies, found.count, NULL),
+                    position == end and k + 1 == packets.count)
                 # In a dense scene most refreshed lists come out as they were: the merge can skip them.
-                if same_partners(mine, packets.lanes[k].proxies, packets.lanes[k].count):
+                if not stop and same_partners(mine, found.proxies, found.count):
                     job.out.count[i] = UNCHANGED
                     continue
-                job.out.count[i] = <int32_t>packets.lanes[k].count
-                if hits_append(&hits, &packets.lanes[k]) != 0:
+                job.out.count[i] = <int32_t>found.count
+                if hits_append(&hits, found) != 0:
                     counter_set(&job.failed, 1)
                     stop = True
+                if stop:
                     break
     packets_free(&packets)
     job.out.hits[worker] = hits
