@@ -790,55 +790,49 @@ cdef class Broadphase(TreeBase):
     cdef int _refresh(self, const Finder *finder, PairBuffer *ended) noexcept nogil:
         """Stage 1: the proxies with new fat boxes get their partners, found a packet of neighbours at a
         time when many refresh (see packet_order in _finding.pyx), on threads from
-        FIND_ON_THREADS_FROM of them."""
+        FIND_ON_THREADS_FROM of them. The proxies that are no sensors are merged first, then the
+        sensors (see _merge_partners)."""
         cdef int32_t *refat = <int32_t *>malloc(max(self.moved_count, 1) * sizeof(int32_t))
-        cdef int64_t n = 0, m
-        cdef int status
+        cdef int64_t n = 0, plain = 0, m
+        cdef int status, sensors
         if refat == NULL:
             return -1
-        for m in range(self.moved_count):       # ascending: a proxy listed twice is taken once
-            if ((self.core.proxies[self.moved[m]].flags & FRESH_FAT) == FRESH_FAT
-                    and (n == 0 or refat[n - 1] != self.moved[m])):
-                refat[n] = self.moved[m]
-                n += 1
+        # Each kind ascending (the moved are sorted): a proxy listed twice is taken once.
+        for sensors in range(2 if self.sensor_count else 1):
+            for m in range(self.moved_count):
+                if ((self.core.proxies[self.moved[m]].flags & FRESH_FAT) == FRESH_FAT
+                        and is_sensor(&self.core, self.moved[m]) == sensors
+                        and (m == 0 or self.moved[m - 1] != self.moved[m])):
+                    refat[n] = self.moved[m]
+                    n += 1
+            if not sensors:
+                plain = n
         if self.threads > 1 and n >= FIND_ON_THREADS_FROM:
-            status = self._refresh_on_threads(finder, refat, n, ended)
+            status = self._refresh_on_threads(finder, refat, plain, n, ended)
         else:
-            status = self._refresh_here(finder, refat, n, ended)
+            status = self._refresh_here(finder, refat, plain, n, ended)
         free(refat)
         return status
 
-    cdef int _refresh_here(self, const Finder *finder, const int32_t *refat, int64_t n,
+    cdef int _refresh_here(self, const Finder *finder, const int32_t *refat, int64_t plain, int64_t n,
                            PairBuffer *ended) noexcept nogil:
-        """Stage 1 on one thread, for `refat` (ascending): each proxy's partners merged as soon as they
-        are found, while the partners its walk read are still in cache. The proxies that are no
-        sensors first (see _merge_partners), then the sensors, one by one in their order."""
-        cdef int32_t *kinds = <int32_t *>malloc(max(n, 1) * sizeof(int32_t))
-        cdef int32_t *first
+        """Stage 1 on one thread, for `refat` (`plain` proxies that are no sensors, then sensors):
+        each proxy's partners merged as soon as they are found, while the partners its walk read are
+        still in cache; the sensors one by one, in their order."""
+        cdef const int32_t *first
         cdef int64_t *order = NULL
-        cdef int64_t plain = 0, filled = 0, count, position, m
+        cdef int64_t count, position
         cdef bint together = False
         cdef Packets packets
         cdef int status = 0, sensors, k
-        if kinds == NULL:
-            return -1
         memset(&packets, 0, sizeof(Packets))
-        for sensors in range(2):
-            for m in range(n):
-                if is_sensor(&self.core, refat[m]) == sensors:
-                    kinds[filled] = refat[m]
-                    filled += 1
-            if not sensors:
-                plain = filled
         for sensors in range(2 if self.sensor_count else 1):
-            first = kinds + plain if sensors else kinds
+            first = refat + plain if sensors else refat
             count = n - plain if sensors else plain
             if sensors:
                 sort_pairs(self.sensor_edits.pairs, self.sensor_edits.count)
-            else:
-                order = packet_order(&self.core, first, count, NULL, &together)
-                if order == NULL:
-                    status = -1
+            elif packet_order(&self.core, first, count, NULL, &order, &together) != 0:
+                status = -1
             position = 0
             while status == 0 and position < count:
                 if next_packet(finder, first, order, &position, count, together and not sensors, &packets) != 0:
@@ -851,15 +845,15 @@ cdef class Broadphase(TreeBase):
             free(order)
             order = NULL
         packets_free(&packets)
-        free(kinds)
         return status
 
-    cdef int _refresh_on_threads(self, const Finder *finder, const int32_t *refat, int64_t n,
+    cdef int _refresh_on_threads(self, const Finder *finder, const int32_t *refat, int64_t plain, int64_t n,
                                  PairBuffer *ended) noexcept nogil:
-        """Stage 1 on threads, for `refat` (ascending). Without sensors, the threads merge too
-        (refresh_all). With them, the partners are found on the threads (find_all) and merged in the
-        order _refresh_here merges them: finding reads only what merging leaves alone (the tree, the
-        filters, the grid), so the lists come out the same."""
+        """Stage 1 on threads, for `refat` (`plain` proxies that are no sensors, then sensors, each
+        kind ascending). Without sensors, the threads merge too (refresh_all). With them, the
+        partners are found on the threads (find_all) and merged as _refresh_here merges them: finding
+        reads only what merging leaves alone (the tree, the filters, the grid), so the lists come out
+        the same."""
         cdef int64_t m, room = max(0, self.listed_limit - self.listed) if self.listed_limit >= 0 else -1
         cdef int status = 0, sensors
         cdef const Hits *source
@@ -880,14 +874,11 @@ cdef class Broadphase(TreeBase):
             return status
         status = find_all(finder, self.partners, refat, n, self.threads, room, &found)
         for sensors in range(2):
-            # The proxies that are no sensors first, the sensors after (see _merge_partners).
             if sensors:
                 sort_pairs(self.sensor_edits.pairs, self.sensor_edits.count)
-            for m in range(n):
+            for m in range(plain if sensors else 0, n if sensors else plain):
                 if status != 0:
                     break
-                if is_sensor(&self.core, refat[m]) != sensors:
-                    continue
                 if found.count[m] == NOT_FOUND:
                     status = FAT_LIMIT      # the threads stopped finding: the rest keep their flag
                     break

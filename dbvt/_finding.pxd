@@ -124,8 +124,8 @@ ctypedef struct Packets:            # a thread's walks of up to PACKET_LANES pro
     Stack stack
 
 
-cdef int64_t *packet_order(const TreeCore *t, const int32_t *proxies, int64_t n, const Runs *runs,
-                           bint *together) noexcept nogil
+cdef int packet_order(const TreeCore *t, const int32_t *proxies, int64_t n, const Runs *runs, int64_t **order,
+                      bint *together) noexcept nogil
 cdef int next_packet(const Finder *f, const int32_t *proxies, const int64_t *order, int64_t *position,
                      int64_t end, bint together, Packets *p) noexcept nogil
 cdef void packets_free(Packets *p) noexcept nogil

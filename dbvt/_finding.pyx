@@ -140,36 +140,34 @@ cdef void order_part(void *context, int part) noexcept nogil:
         o.order[lo + i] = <int64_t><uint32_t>ordered[i]
 
 
-cdef int64_t *packet_order(const TreeCore *t, const int32_t *proxies, int64_t n, const Runs *runs,
-                           bint *together) noexcept nogil:
-    """The order in which next_packet takes `proxies` (positions in it), and whether it takes them in
-    packets (`together`). When at least one proxy in PACK_FROM_SHARE refreshes: along a Morton curve
-    of their fat boxes' centres, so that a packet's proxies are neighbours in space. (The proxies'
-    own order follows the tree's only until its leaves have moved about: in a dense scene, packets
-    of four in that order saved an eighth of the visits, in the tree's order half.) With the threads'
-    `runs` of chunks, within each run, on as many threads: a thread then still takes the proxies of
-    its own range of slots, whose lists it edits after, and reading their fat boxes, scattered over
-    the pool, is no serial stage. Fewer, spread over a large tree, share only its top levels, which
-    stay in cache anyway: they go one by one, in their order, as does a run of fewer than
-    FIND_CHUNK. NULL when memory ran out."""
+cdef int packet_order(const TreeCore *t, const int32_t *proxies, int64_t n, const Runs *runs, int64_t **order,
+                      bint *together) noexcept nogil:
+    """The order in which next_packet takes `proxies` (`order`: positions in it, NULL for their own),
+    and whether it takes them in packets (`together`). When at least one proxy in PACK_FROM_SHARE
+    refreshes: along a Morton curve of their fat boxes' centres, so that a packet's proxies are
+    neighbours in space. (The proxies' own order follows the tree's only until its leaves have moved
+    about: in a dense scene, packets of four in that order saved an eighth of the visits, in the
+    tree's order half.) With the threads' `runs` of chunks, within each run, on as many threads: a
+    thread then still takes the proxies of its own range of slots, whose lists it edits after, and
+    reading their fat boxes, scattered over the pool, is no serial stage. Fewer, spread over a large
+    tree, share only its top levels, which stay in cache anyway: they go one by one, in their order,
+    as does a run of fewer than FIND_CHUNK. -1 when memory ran out."""
     cdef Ordering o
     cdef const float *world
     cdef double top = (1 << ORDER_BITS) - 1 if t.dims == 3 else (1 << (3 * ORDER_BITS // 2)) - 1
-    cdef int64_t i
     cdef int axis
-    o.order = <int64_t *>malloc(max(n, 1) * sizeof(int64_t))
+    order[0] = NULL
     together[0] = n * PACK_FROM_SHARE >= t.proxy_count
-    if o.order == NULL or n < FIND_CHUNK or not together[0]:
-        for i in range(n if o.order != NULL else 0):
-            o.order[i] = i
-        return o.order
+    if n < FIND_CHUNK or not together[0]:
+        return 0
+    o.order = <int64_t *>malloc(n * sizeof(int64_t))
     o.keys = <uint64_t *>malloc(n * sizeof(uint64_t))
     o.scratch = <uint64_t *>malloc(n * sizeof(uint64_t))
-    if o.keys == NULL or o.scratch == NULL:
+    if o.order == NULL or o.keys == NULL or o.scratch == NULL:
         free(o.order)
         free(o.keys)
         free(o.scratch)
-        return NULL
+        return -1
     # Every fat box lies within the root's box.
     world = ref_box(t, t.root)
     for axis in range(t.dims):
@@ -179,7 +177,8 @@ cdef int64_t *packet_order(const TreeCore *t, const int32_t *proxies, int64_t n,
     run_parts(order_part, &o, runs.runs if runs != NULL else 1)
     free(o.keys)
     free(o.scratch)
-    return o.order
+    order[0] = o.order
+    return 0
 
 
 cdef inline int64_t place(const int64_t *order, int64_t position) noexcept nogil:
@@ -254,7 +253,7 @@ ctypedef struct FindJob:
     const Finder *f
     const Partners *partners        # the lists, to tell which found the partners they hold
     const int32_t *proxies
-    const int64_t *order            # packet_order(proxies): the chunks are runs of it...
+    int64_t *order                  # packet_order(proxies): the chunks are runs of it...
     bint together                   # ...and whether they go in packets
     int64_t n
     Found *out
@@ -348,12 +347,11 @@ cdef int find_all(const Finder *f, const Partners *partners, const int32_t *prox
     job.limit.gained = 0
     counter_set(&job.limit.stopped, 0)
     chunks_init(&job.chunks, n, out.workers)
-    job.order = packet_order(f.t, proxies, n, &job.chunks.runs, &job.together)
-    if job.order == NULL:
+    if packet_order(f.t, proxies, n, &job.chunks.runs, &job.order, &job.together) != 0:
         return -1
     counter_set(&job.failed, 0)
     run_parts(find_worker, &job, out.workers)
-    free(<void *>job.order)
+    free(job.order)
     return -1 if counter_get(&job.failed) else 0
 
 
@@ -392,7 +390,7 @@ ctypedef struct RefreshJob:
     const Finder *f
     Partners *partners
     const int32_t *refat            # ascending, each once, all flagged PROXY_REFAT
-    const int64_t *order            # packet_order(refat): the chunks are runs of it...
+    int64_t *order                  # packet_order(refat): the chunks are runs of it...
     bint together                   # ...and whether they go in packets
     int64_t n
     Limit limit
@@ -630,6 +628,7 @@ cdef int refresh_all(TreeCore *t, const Finder *f, Partners *partners, const int
     partners'. After a failure (-1) the lists may disagree, as after a failed merge on one thread."""
     cdef RefreshJob job
     cdef int status = 0, w
+    cdef bint ordered
     memset(&job, 0, sizeof(RefreshJob))
     job.t = t
     job.f = f
@@ -644,10 +643,10 @@ cdef int refresh_all(TreeCore *t, const Finder *f, Partners *partners, const int
     job.done = <Refreshed *>calloc(job.workers, sizeof(Refreshed))
     job.fixes = <Refreshed *>calloc(job.workers, sizeof(Refreshed))
     chunks_init(&job.chunks, n, job.workers)
-    job.order = packet_order(t, refat, n, &job.chunks.runs, &job.together)
+    ordered = packet_order(t, refat, n, &job.chunks.runs, &job.order, &job.together) == 0
     counter_set(&job.failed, 0)
     counter_set(&job.limit.stopped, 0)
-    if (job.order == NULL or job.merged == NULL or job.mirrors == NULL or job.pending == NULL or job.done == NULL
+    if (not ordered or job.merged == NULL or job.mirrors == NULL or job.pending == NULL or job.done == NULL
             or job.fixes == NULL):
         status = -1
     else:
@@ -663,7 +662,7 @@ cdef int refresh_all(TreeCore *t, const Finder *f, Partners *partners, const int
             pairs_free(&job.done[w].ended)
             free(job.mirrors[w].items)
             free(job.pending[w].items)
-    free(<void *>job.order)
+    free(job.order)
     free(job.merged)
     free(job.mirrors)
     free(job.pending)
