@@ -682,3 +682,61 @@ def test_a_large_batch_of_moves_refits_the_nodes_above_the_subtrees(dims, thread
             moved[outermost, [axis, dims + axis]] += step
             assert structure.move(ids, moved) == 1
             structure.validate()
+
+
+def _step_and_query(threads: int, seed: int) -> list:
+    """A dense world's steps and a batch of box queries on `threads` threads: every answer, in order."""
+    from dbvt_server.bench.workload import make_w2
+
+    work = make_w2(3000, 4, dims=2, seed=seed)
+    structure = dbvt.Broadphase(dims=2, threads=threads)
+    structure.create(work.ids, work.boxes)
+    answers = [*structure.update()]
+    for step in range(work.steps):
+        structure.move(work.move_ids[step], work.move_boxes[step])
+        answers.extend(structure.update())
+    boxes = np.repeat(work.boxes[:400], 2, axis=0)
+    answers.extend(structure.query_aabb(boxes))
+    return answers
+
+
+def test_worlds_on_several_python_threads_share_the_pooled_workers_and_answer_as_one_thread():
+    """The workers are pooled: calls on different threads, each cut over workers, take different ones
+    (a worker given two parts at once would lose one, or run one twice)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    seeds = range(6)
+    expected = [_step_and_query(1, seed) for seed in seeds]
+    for _ in range(3):
+        with ThreadPoolExecutor(max_workers=len(seeds)) as callers:
+            got = list(callers.map(lambda seed: _step_and_query(3, seed), seeds))
+        for answers, wanted in zip(got, expected):
+            for a, b in zip(answers, wanted, strict=True):
+                np.testing.assert_array_equal(a, b)
+
+
+def _child_answers(threads: int, out) -> None:
+    out.send(_step_and_query(threads, 3))
+    out.close()
+
+
+def test_a_forked_child_starts_its_own_workers():
+    """The pooled workers' threads are not copied into a forked child: it must start its own, not wait
+    for workers the parent had (the child would hang)."""
+    import multiprocessing
+
+    expected = _step_and_query(2, 3)        # the parent's pool has workers now
+    context = multiprocessing.get_context("fork")
+    receiver, sender = context.Pipe(duplex=False)
+    child = context.Process(target=_child_answers, args=(2, sender))
+    child.start()
+    sender.close()
+    try:
+        assert receiver.poll(120), "the forked child gave no answer: it waits for its parent's workers"
+        got = receiver.recv()
+        child.join(30)
+        assert child.exitcode == 0
+    finally:
+        child.kill()
+    for a, b in zip(got, expected, strict=True):
+        np.testing.assert_array_equal(a, b)
