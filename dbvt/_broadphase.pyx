@@ -45,8 +45,8 @@ from dbvt._partners cimport (
     partners_reserve, tight_overlap,
 )
 from dbvt._sensors cimport (
-    ROUNDING, SensorIndex, Shape, ball_holds, index_bytes, index_free, index_init, index_note, index_note_room,
-    index_update, move_drift, reach_cube, shape_of, shape_touches,
+    ROUNDING, SPHERE_TWO, SensorIndex, Shape, ball_holds, index_bytes, index_free, index_init, index_note,
+    index_note_room, index_update, move_drift, reach_cube, shape_of, shape_touches, sphere_two,
 )
 from dbvt._tree cimport TreeBase, pair_array, proxy_order
 
@@ -1301,50 +1301,71 @@ cdef class Broadphase(TreeBase):
 
     cdef int _test_due(self, int32_t sensor, const int32_t *due, int32_t n) noexcept nogil:
         """Stage 2 of a moved sensor's pass: test its `n` due entries exactly (the shape computed once
-        for them all), set their budgets anew, and gather the flips for the partners' side."""
+        for them all; a sphere's two entries at a time where sphere_two exists), set their budgets
+        anew, and gather the flips for the partners' side."""
         cdef TreeCore *t = &self.core
-        cdef Partners *mine = &self.partners[sensor]
-        cdef int32_t *items = items_of(mine)
-        cdef double *budgets = budgets_of(mine)
-        cdef double own = self.drift[sensor], slack
-        cdef int64_t capacity
-        cdef int32_t *flips
-        cdef int32_t d, k, other
+        cdef const int32_t *items = items_of(&self.partners[sensor])
         cdef int64_t entered = self.entered.count, left = self.left.count
-        cdef bint inside, now
+        cdef int32_t d = 0, k, ahead
+        cdef int inside[2]
+        cdef int now[2]
+        cdef double slack[2]
         cdef Shape shape
         if n < 0:
             return 0
         shape_of(&shape, t.proxies[sensor].tight, t.proxies[sensor].flags, t.dims, self.sensor_margin)
-        for d in range(n):
+        if SPHERE_TWO and shape.sphere:
+            while d + 1 < n:
+                for ahead in range(d + PREFETCH_AHEAD, min(d + PREFETCH_AHEAD + 2, n)):
+                    prefetch(t.proxies[items[due[ahead]] >> 1].tight)
+                inside[0] = (items[due[d]] & TOUCHING) != 0
+                inside[1] = (items[due[d + 1]] & TOUCHING) != 0
+                sphere_two(&shape, t.proxies[items[due[d]] >> 1].tight, t.proxies[items[due[d + 1]] >> 1].tight,
+                           inside, now, slack)
+                if (self._decided(sensor, due[d], now[0], slack[0]) != 0
+                        or self._decided(sensor, due[d + 1], now[1], slack[1]) != 0):
+                    return -1
+                d += 2
+        while d < n:
             if d + PREFETCH_AHEAD < n:
                 prefetch(t.proxies[items[due[d + PREFETCH_AHEAD]] >> 1].tight)
             k = due[d]
-            other = items[k] >> 1
-            inside = (items[k] & TOUCHING) != 0
-            now = shape_touches(&shape, t.proxies[other].tight, inside, &slack)
-            if budgets != NULL:
-                budgets[k] = budget(slack, own, self.drift[other])
-            if now == inside:
-                continue
-            if self.flip_count == self.flip_capacity:
-                capacity = max(<int64_t>256, 2 * self.flip_capacity)
-                flips = <int32_t *>realloc(self.flips, 2 * capacity * sizeof(int32_t))
-                if flips == NULL:
-                    return -1
-                self.flips = flips
-                self.flip_capacity = capacity
-            items[k] ^= TOUCHING
-            self.flips[2 * self.flip_count] = other
-            self.flips[2 * self.flip_count + 1] = sensor
-            self.flip_count += 1
-            self.inside += 1 if now else -1
-            if rows_push(&self.entered if now else &self.left, t.proxies[sensor].id, t.proxies[other].id) != 0:
+            now[0] = shape_touches(&shape, t.proxies[items[k] >> 1].tight, (items[k] & TOUCHING) != 0, &slack[0])
+            if self._decided(sensor, k, now[0], slack[0]) != 0:
                 return -1
+            d += 1
         # Found in proxy order: sorted here, a few rows each (see _events_by_id).
         sort_pairs(self.entered.pairs + entered, self.entered.count - entered)
         sort_pairs(self.left.pairs + left, self.left.count - left)
         return 0
+
+    cdef inline int _decided(self, int32_t sensor, int32_t k, bint now, double slack) noexcept nogil:
+        """Entry k of a moved sensor's list tested (`now`, with `slack`): its budget set anew, and when
+        its bit flips, the flip gathered for the partner's side and the event recorded."""
+        cdef TreeCore *t = &self.core
+        cdef Partners *mine = &self.partners[sensor]
+        cdef int32_t *items = items_of(mine)
+        cdef double *budgets = budgets_of(mine)
+        cdef int32_t other = items[k] >> 1
+        cdef int64_t capacity
+        cdef int32_t *flips
+        if budgets != NULL:
+            budgets[k] = budget(slack, self.drift[sensor], self.drift[other])
+        if now == ((items[k] & TOUCHING) != 0):
+            return 0
+        if self.flip_count == self.flip_capacity:
+            capacity = max(<int64_t>256, 2 * self.flip_capacity)
+            flips = <int32_t *>realloc(self.flips, 2 * capacity * sizeof(int32_t))
+            if flips == NULL:
+                return -1
+            self.flips = flips
+            self.flip_capacity = capacity
+        items[k] ^= TOUCHING
+        self.flips[2 * self.flip_count] = other
+        self.flips[2 * self.flip_count + 1] = sensor
+        self.flip_count += 1
+        self.inside += 1 if now else -1
+        return rows_push(&self.entered if now else &self.left, t.proxies[sensor].id, t.proxies[other].id)
 
     cdef int _visit_sensor(self, int32_t sensor, int32_t visitor, int32_t *entry) noexcept nogil:
         """A moved proxy re-tests a sensor partner (on the proxy's side of the pair, `entry`): a proxy

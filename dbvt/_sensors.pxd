@@ -96,6 +96,55 @@ cdef inline bint shape_touches(const Shape *s, const float *b, bint inside, doub
     return now
 
 
+cdef extern from *:
+    """
+    /* shape_touches for a sphere, two boxes at once: the same operations in the same order, one box a
+       lane, so each decision and slack is the scalar one bit for bit. Over a moved sensor's due
+       partners the scalar test's chain (gaps, sum, square root, slack) set the pace, not its loads. */
+    #if defined(__SSE2__) || defined(_M_X64)
+    #include <emmintrin.h>
+    #define DBVT_SPHERE_TWO 1
+    static inline void dbvt_sphere_two(const double *centre, const double *limit, const double *limit_sq,
+                                       double scale, int dims, const float *a, const float *b,
+                                       const int *inside, int *now, double *slack) {
+        __m128d sum = _mm_setzero_pd(), zero = _mm_setzero_pd();
+        for (int i = 0; i < dims; i++) {
+            __m128d c = _mm_set1_pd(centre[i]);
+            __m128d low = _mm_set_pd((double)b[i], (double)a[i]);
+            __m128d high = _mm_set_pd((double)b[i + 3], (double)a[i + 3]);
+            __m128d gap = _mm_max_pd(_mm_max_pd(_mm_sub_pd(low, c), _mm_sub_pd(c, high)), zero);
+            sum = _mm_add_pd(sum, _mm_mul_pd(gap, gap));
+        }
+        int touching = _mm_movemask_pd(_mm_cmple_pd(sum, _mm_set_pd(limit_sq[inside[1]], limit_sq[inside[0]])));
+        now[0] = touching & 1;
+        now[1] = touching >> 1;
+        __m128d distance = _mm_sqrt_pd(sum);
+        __m128d reach = _mm_sub_pd(_mm_set_pd(limit[now[1]], limit[now[0]]), distance);
+        __m128d side = _mm_set_pd((double)(2 * now[1] - 1), (double)(2 * now[0] - 1));
+        __m128d rounding = _mm_mul_pd(_mm_set1_pd(DBVT_SENSOR_ROUNDING), _mm_add_pd(_mm_set1_pd(scale), distance));
+        _mm_storeu_pd(slack, _mm_sub_pd(_mm_mul_pd(reach, side), rounding));
+    }
+    #else
+    #define DBVT_SPHERE_TWO 0
+    static inline void dbvt_sphere_two(const double *centre, const double *limit, const double *limit_sq,
+                                       double scale, int dims, const float *a, const float *b,
+                                       const int *inside, int *now, double *slack) {}
+    #endif
+    """
+    # Whether sphere_two exists here (SSE2: every x86-64); else shape_touches does each box alone.
+    const bint SPHERE_TWO "DBVT_SPHERE_TWO"
+    void sphere_two_lanes "dbvt_sphere_two"(const double *centre, const double *limit, const double *limit_sq,
+                                            double scale, int dims, const float *a, const float *b,
+                                            const int *inside, int *now, double *slack) noexcept nogil
+
+
+cdef inline void sphere_two(const Shape *s, const float *a, const float *b, const int *inside, int *now,
+                            double *slack) noexcept nogil:
+    """shape_touches(s, a, inside[0], &slack[0]) and the same for b, for a sphere's shape `s`, when
+    SPHERE_TWO."""
+    sphere_two_lanes(s.centre, s.limit, s.limit_sq, s.scale, s.dims, a, b, inside, now, slack)
+
+
 cdef inline double move_drift(const float *before, const float *after, unsigned int flags, int dims) noexcept nogil:
     """An upper bound of how far a move can have brought a proxy nearer a threshold of any sensor pair
     it is in: |e| for a box, |dc| + |dr| for a sphere sensor (see the top)."""
