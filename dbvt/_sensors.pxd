@@ -263,34 +263,43 @@ cdef inline bint reach_cube(const float *tight, const float *before, int dims, d
 
 cdef extern from *:
     """
-    /* Whether a box may meet a ball [x, y, z, r*r] (float32, its radius rounded outward enough to
-       hold every rounding of this test; see ball_around): the squared distance from the centre to
-       the box's closest point, summed over the three lanes. Over a grid cell's entries, passing is a
-       coin toss, so there is no branch. */
+    /* Which of four balls a box may meet: a block of the grid's entries, [x0..x3, y0..y3, z0..z3,
+       r0*r0..r3*r3] in float32 (each radius rounded outward enough to hold every rounding of this
+       test; see ball_around), one ball a lane. Bit i of the answer is set when the squared distance
+       from centre i to the box's closest point, summed over the axes in order, is at most r_i*r_i.
+       Over a grid cell's entries passing is a coin toss, so there is no branch; and a lane each
+       tests four entries in the instructions one took with a ball in one register. */
     #if defined(__SSE__) || defined(_M_X64)
     #include <xmmintrin.h>
-    static inline int dbvt_near_ball(const float *ball, const float *box) {
-        /* The fourth lane (r*r against a bound of the box) is never summed. */
-        __m128 c = _mm_loadu_ps(ball), lo = _mm_loadu_ps(box), hi = _mm_loadu_ps(box + 3);
-        __m128 gap = _mm_max_ps(_mm_max_ps(_mm_sub_ps(lo, c), _mm_sub_ps(c, hi)), _mm_setzero_ps());
-        __m128 sq = _mm_mul_ps(gap, gap);
-        sq = _mm_add_ss(_mm_add_ss(sq, _mm_shuffle_ps(sq, sq, 1)), _mm_movehl_ps(sq, sq));
-        return _mm_comile_ss(sq, _mm_shuffle_ps(c, c, 3));
+    static inline int dbvt_near_four(const float *block, const float *box) {
+        __m128 sum = _mm_setzero_ps();
+        for (int i = 0; i < 3; i++) {
+            __m128 c = _mm_loadu_ps(block + 4 * i);
+            __m128 gap = _mm_max_ps(_mm_max_ps(_mm_sub_ps(_mm_set1_ps(box[i]), c),
+                                               _mm_sub_ps(c, _mm_set1_ps(box[i + 3]))), _mm_setzero_ps());
+            sum = _mm_add_ps(sum, _mm_mul_ps(gap, gap));
+        }
+        return _mm_movemask_ps(_mm_cmple_ps(sum, _mm_loadu_ps(block + 12)));
     }
     #else
-    static inline int dbvt_near_ball(const float *ball, const float *box) {
-        float sum = 0.0f, gap;
-        int i;
-        for (i = 0; i < 3; i++) {
-            gap = box[i] - ball[i] > ball[i] - box[i + 3] ? box[i] - ball[i] : ball[i] - box[i + 3];
-            gap = gap > 0.0f ? gap : 0.0f;
-            sum += gap * gap;
+    static inline int dbvt_near_four(const float *block, const float *box) {
+        int lane, i, near = 0;
+        for (lane = 0; lane < 4; lane++) {
+            float sum = 0.0f, low, high, gap;
+            for (i = 0; i < 3; i++) {
+                low = box[i] - block[4 * i + lane];
+                high = block[4 * i + lane] - box[i + 3];
+                gap = low > high ? low : high;
+                gap = gap > 0.0f ? gap : 0.0f;
+                sum += gap * gap;
+            }
+            near |= (sum <= block[12 + lane]) << lane;
         }
-        return sum <= ball[3];
+        return near;
     }
     #endif
     """
-    bint near_ball "dbvt_near_ball"(const float *ball, const float *box) noexcept nogil
+    int near_four "dbvt_near_four"(const float *block, const float *box) noexcept nogil
 
 
 # Which sensors a proxy's new fat box is within reach of. The sensors' subtree answers that poorly:
@@ -305,11 +314,11 @@ ctypedef struct SensorGrid:
     double cell                     # a cell's side; 0 while there are no sensors
     double per_cell                 # 1 / cell
     int64_t mask                    # buckets - 1 (a power of two)
-    int32_t *starts                 # per bucket, its first entry; starts[buckets] = the entry count
+    int32_t *starts                 # per bucket, its first entry (a multiple of 4); starts[buckets] = the entry count
     int64_t start_capacity
-    float *balls                    # per entry, bucket by bucket (one entry per cell of a sensor's):
-    int64_t ball_capacity           #   [x, y, z, r*r] in float32, held by near_ball's test
-    int32_t *owners                 # per entry: its sensor
+    float *balls                    # per entry, bucket by bucket (one entry per cell of a sensor's), in
+    int64_t ball_capacity           #   blocks of four: [x0..x3, y0..y3, z0..z3, r*r 0..3] (near_four)
+    int32_t *owners                 # per entry: its sensor; -1 for the padding that fills a bucket's last block
     int64_t owner_capacity
     int32_t *sensors                # every live sensor: those in no cell (spanning too many) first
     int64_t sensor_count

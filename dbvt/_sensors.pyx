@@ -79,7 +79,7 @@ cdef int grid_list_sensors(SensorGrid *g, const TreeCore *t) noexcept nogil:
 
 
 cdef void ball_around(const float *fat, unsigned int flags, int dims, float *ball) noexcept nogil:
-    """The ball a grid lookup tests an entry with first (near_ball): around a sphere sensor's reach,
+    """The ball a grid lookup tests an entry with first (near_four): around a sphere sensor's reach,
     or a box sensor's whole fat box, in float32 and a little larger. Its radius grows by 2^-20 of the
     magnitudes, which holds every rounding of the float32 test (a few 2^-24 of them per axis), so
     that each box within reach passes; those that pass are then tested exactly (within_reach)."""
@@ -109,7 +109,7 @@ cdef void ball_around(const float *fat, unsigned int flags, int dims, float *bal
 cdef int grid_build(SensorGrid *g, const TreeCore *t, double cell) noexcept nogil:
     """Cut the listed sensors' fat boxes into cells of side `cell`, or (0) as wide as their average side."""
     cdef double extent = 0.0
-    cdef int64_t buckets = 16, count = 0, s, b, x, y, z
+    cdef int64_t buckets = 16, count = 0, padded = 0, end, s, b, x, y, z
     cdef int64_t low[3]
     cdef int64_t high[3]
     cdef int32_t sensor, keep
@@ -142,22 +142,33 @@ cdef int grid_build(SensorGrid *g, const TreeCore *t, double cell) noexcept nogi
             g.wide_count += 1
     while buckets < 2 * count:
         buckets *= 2
-    if (grow_array(<void **>&g.starts, &g.start_capacity, buckets + 1, sizeof(int32_t)) != 0
-            or grow_array(<void **>&g.owners, &g.owner_capacity, count, sizeof(int32_t)) != 0
-            or grow_array(<void **>&g.balls, &g.ball_capacity, count, 4 * sizeof(float)) != 0):
+    if grow_array(<void **>&g.starts, &g.start_capacity, buckets + 1, sizeof(int32_t)) != 0:
         g.cell = 0.0
         return -1
     g.mask = buckets - 1
     memset(g.starts, 0, (buckets + 1) * sizeof(int32_t))
-    # A counting sort by bucket: count, sum up to each bucket's end, then fill each bucket backwards.
+    # A counting sort by bucket, each bucket padded to whole blocks of four entries: count, sum the
+    # padded counts up to each bucket's end, fill each bucket backwards from its end, then move each
+    # start back over its padding (which no box passes: its r*r is -1).
     for s in range(g.wide_count, g.sensor_count):
         cells_of(g, t.proxies[g.sensors[s]].fat, t.dims, low, high)
         for x in range(low[0], high[0] + 1):
             for y in range(low[1], high[1] + 1):
                 for z in range(low[2], high[2] + 1):
                     g.starts[bucket_of(g, x, y, z)] += 1
-    for b in range(1, buckets + 1):
-        g.starts[b] += g.starts[b - 1]
+    for b in range(buckets):
+        padded += (g.starts[b] + 3) & ~3
+        g.starts[b] = padded
+    g.starts[buckets] = padded
+    if (grow_array(<void **>&g.owners, &g.owner_capacity, padded, sizeof(int32_t)) != 0
+            or grow_array(<void **>&g.balls, &g.ball_capacity, padded, 4 * sizeof(float)) != 0):
+        g.cell = 0.0
+        return -1
+    memset(g.owners, 0xFF, padded * sizeof(int32_t))
+    memset(g.balls, 0, padded * 4 * sizeof(float))
+    for b in range(3 * 4, padded * 4, 4 * 4):
+        for i in range(4):
+            g.balls[b + i] = -1.0
     for s in range(g.wide_count, g.sensor_count):
         sensor = g.sensors[s]
         cells_of(g, t.proxies[sensor].fat, t.dims, low, high)
@@ -168,20 +179,30 @@ cdef int grid_build(SensorGrid *g, const TreeCore *t, double cell) noexcept nogi
                     b = bucket_of(g, x, y, z)
                     g.starts[b] -= 1
                     g.owners[g.starts[b]] = sensor
-                    memcpy(&g.balls[4 * g.starts[b]], ball, sizeof(ball))
+                    for i in range(4):
+                        g.balls[4 * (g.starts[b] & ~3) + 4 * i + (g.starts[b] & 3)] = ball[i]
+    end = padded
+    b = buckets - 1
+    while b >= 0:
+        g.starts[b] = end - ((end - g.starts[b] + 3) & ~3)
+        end = g.starts[b]
+        b -= 1
     return 0
 
 
 cdef int find_in_entries(const SensorGrid *g, const TreeCore *t, const float *box, int32_t first, int32_t end,
                          Hits *hits) noexcept nogil:
-    """grid_find's tests of entries [first, end), at most CANDIDATES, in two stages. Whether a box may
-    meet an entry's ball is a coin toss to the branch predictor: those that may are gathered without
-    a branch, then tested exactly on their sensors' fat boxes now."""
+    """grid_find's tests of entries [first, end), whole blocks of four and at most CANDIDATES, in two
+    stages. Whether a box may meet an entry's ball is a coin toss to the branch predictor: those that
+    may are gathered without a branch, then tested exactly on their sensors' fat boxes now."""
     cdef int32_t passed[CANDIDATES]
     cdef int32_t k, n = 0, sensor
-    for k in range(first, end):
-        passed[n] = k
-        n += near_ball(&g.balls[4 * k], box)
+    cdef int near, lane
+    for k in range(first, end, 4):
+        near = near_four(&g.balls[4 * k], box)
+        for lane in range(4):
+            passed[n] = k + lane
+            n += (near >> lane) & 1
     for k in range(n):
         sensor = g.owners[passed[k]]
         if (within_reach(t.proxies[sensor].fat, t.proxies[sensor].flags, box, t.dims)
