@@ -720,6 +720,8 @@ def _child_answers(threads: int, out) -> None:
     out.close()
 
 
+# From Python 3.12 a fork in a process with other threads warns; the pool's threads are the point here.
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
 def test_a_forked_child_starts_its_own_workers():
     """The pooled workers' threads are not copied into a forked child: it must start its own, not wait
     for workers the parent had (the child would hang)."""
