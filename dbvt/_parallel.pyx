@@ -61,8 +61,10 @@ cdef extern from *:
 cdef enum:
     PART_GIVEN = 1                  # a worker's state: it has a part to run...
     PART_DONE = 2                   # ...or it has run it (and is idle)
-    WORKER_SPIN_NS = 50000          # a worker that ran a part looks for the next this long, then sleeps
-    CALLER_SPIN_NS = 50000          # a caller done with its part looks for the workers' end this long
+    # A worker that ran a part looks for the next this long before it sleeps, and a caller done with
+    # its own part looks as long for the workers' end (W2 2-D at 3,553 on 2 threads: 0.84 of the
+    # step against a thread a part with 50 µs, 0.85 with 200 µs or 1 ms, 0.92 with none).
+    SPIN_NS = 50000
     LOOKS_PER_CLOCK = 64            # looks at a state between two readings of the clock
 
 
@@ -102,23 +104,35 @@ cdef bint spin_for(int *state, int value, int64_t budget_ns) noexcept nogil:
             return False
 
 
+cdef void await_state(Worker *w, int value, pthread_cond_t *bell, bint *asleep) noexcept nogil:
+    """Until w's state is `value`: spinning a while, then asleep on `bell` (with `asleep` set, so that
+    announce() rings it)."""
+    if spin_for(&w.state, value, SPIN_NS):
+        return
+    pthread_mutex_lock(&w.lock)
+    while w.state != value:
+        asleep[0] = True
+        pthread_cond_wait(bell, &w.lock)
+        asleep[0] = False
+    pthread_mutex_unlock(&w.lock)
+
+
+cdef void announce(Worker *w, int value, pthread_cond_t *bell, const bint *asleep) noexcept nogil:
+    """Set w's state to `value` (after every write before it), and wake the other side if it sleeps."""
+    pthread_mutex_lock(&w.lock)
+    state_set(&w.state, value)
+    if asleep[0]:
+        pthread_cond_signal(bell)
+    pthread_mutex_unlock(&w.lock)
+
+
 cdef void *work(void *arg) noexcept nogil:
-    """A worker's life: wait for a part (spinning, then asleep), run it, say so; forever."""
+    """A worker's life: wait for a part, run it, say so; forever."""
     cdef Worker *w = <Worker *>arg
     while True:
-        if not spin_for(&w.state, PART_GIVEN, WORKER_SPIN_NS):
-            pthread_mutex_lock(&w.lock)
-            while w.state != PART_GIVEN:
-                w.worker_asleep = True
-                pthread_cond_wait(&w.wake, &w.lock)
-                w.worker_asleep = False
-            pthread_mutex_unlock(&w.lock)
+        await_state(w, PART_GIVEN, &w.wake, &w.worker_asleep)
         w.task(w.context, w.part)
-        pthread_mutex_lock(&w.lock)
-        state_set(&w.state, PART_DONE)
-        if w.caller_asleep:
-            pthread_cond_signal(&w.finished)
-        pthread_mutex_unlock(&w.lock)
+        announce(w, PART_DONE, &w.finished, &w.caller_asleep)
     return NULL
 
 
@@ -153,26 +167,16 @@ cdef Worker *take_worker() noexcept nogil:
 
 
 cdef void give(Worker *w, PartTask task, void *context, int part) noexcept nogil:
-    pthread_mutex_lock(&w.lock)
     w.task = task
     w.context = context
     w.part = part
-    state_set(&w.state, PART_GIVEN)
-    if w.worker_asleep:
-        pthread_cond_signal(&w.wake)
-    pthread_mutex_unlock(&w.lock)
+    announce(w, PART_GIVEN, &w.wake, &w.worker_asleep)
 
 
 cdef void wait_for(Worker *w) noexcept nogil:
     """Until w has run its part; then back to the pool."""
     global idle
-    if not spin_for(&w.state, PART_DONE, CALLER_SPIN_NS):
-        pthread_mutex_lock(&w.lock)
-        while w.state != PART_DONE:
-            w.caller_asleep = True
-            pthread_cond_wait(&w.finished, &w.lock)
-            w.caller_asleep = False
-        pthread_mutex_unlock(&w.lock)
+    await_state(w, PART_DONE, &w.finished, &w.caller_asleep)
     pthread_mutex_lock(&pool_lock)
     w.next = idle
     idle = w
