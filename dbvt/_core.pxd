@@ -16,11 +16,15 @@ cdef extern from *:
        its call, whose result nobody uses, is deleted before it could be inlined. The empty volatile
        asm is a side effect that costs no instruction and constrains no memory access. */
     #define DBVT_PREFETCH(address) do { __builtin_prefetch(address); __asm__ __volatile__(""); } while (0)
+    /* Into the level-2 cache only (x86: prefetcht1). */
+    #define DBVT_PREFETCH_L2(address) do { __builtin_prefetch(address, 0, 2); __asm__ __volatile__(""); } while (0)
     #else
     #define DBVT_PREFETCH(address) ((void)0)
+    #define DBVT_PREFETCH_L2(address) ((void)0)
     #endif
     """
     void prefetch "DBVT_PREFETCH"(const void *address) noexcept nogil
+    void prefetch_l2 "DBVT_PREFETCH_L2"(const void *address) noexcept nogil
 
 cdef extern from *:
     """
