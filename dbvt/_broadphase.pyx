@@ -70,8 +70,8 @@ cdef enum:
     # has tens of thousands of each, a sparse one's a few thousand (a sort of 50,000 takes ~2 ms).
     SORT_ON_THREADS_FROM = 16384
     # A moved sensor's due partners whose boxes are fetched ahead of its tests: twice a batch's
-    # usual, as the tests go two at a time (in W1's sensor benchmark the sensed step took 0.97 of
-    # its time with 8 (paired), and 32 was no better).
+    # usual, as the tests go two at a time. In W1's sensor benchmark the sensed step took about 0.97
+    # of its time with 8 ahead (paired runs), and 32 ahead was no better.
     DUE_AHEAD = 2 * PREFETCH_AHEAD
 
 
