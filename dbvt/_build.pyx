@@ -9,7 +9,7 @@ from libc.string cimport memcpy, memmove, memset
 
 from dbvt._core cimport (
     NULL_REF, PREFETCH_AHEAD, PROXY_LIVE, PROXY_SENSOR, Proxy, TreeCore, box_cost, fatten, grow_nodes, insert_leaf,
-    fill_slots, load_box, prefetch, ref_height, set_parent, union_box, wide_stale,
+    fill_slots, load_box, prefetch, ref_height, set_parent, spread_by_two, union_box, wide_stale,
 )
 from dbvt._parallel cimport counter_set, counter_take, dbvt_counter, run_parts
 
@@ -273,15 +273,6 @@ cdef int64_t split_range(BuildItem *items, int64_t start, int64_t count, const B
     return n_left
 
 
-cdef inline uint32_t spread_bits(uint32_t x) noexcept nogil:
-    """Bit i of a 10-bit x moved to bit 3i, so three of them interleave into a Morton code."""
-    x = (x | (x << 16)) & 0x030000FF
-    x = (x | (x << 8)) & 0x0300F00F
-    x = (x | (x << 4)) & 0x030C30C3
-    x = (x | (x << 2)) & 0x09249249
-    return x
-
-
 ctypedef struct Spread:             # one loop of a build, cut into a range a thread
     TreeCore *t
     const BuildItem *items
@@ -323,8 +314,7 @@ cdef void morton_keys(const Spread *s, int64_t start, int64_t end) noexcept nogi
         for k in range(3):
             x = (<double>s.items[i].center[k] - s.bounds.cmin[k]) * s.scale
             q[k] = <uint32_t>x if x < MORTON_CELLS - 1 else MORTON_CELLS - 1
-        s.keys[i] = (<uint64_t>(spread_bits(q[0]) << 2 | spread_bits(q[1]) << 1 | spread_bits(q[2])) << 32
-                     | <uint64_t>i)
+        s.keys[i] = (spread_by_two(q[0]) << 2 | spread_by_two(q[1]) << 1 | spread_by_two(q[2])) << 32 | <uint64_t>i
 
 
 ctypedef struct Radix:              # one pass of radix_sort, each thread on a range of the keys
