@@ -13,6 +13,7 @@ cdef int pairs_push(PairBuffer *buffer, uint64_t a, uint64_t b) noexcept nogil
 cdef int rows_push(PairBuffer *buffer, uint64_t a, uint64_t b) noexcept nogil
 cdef int pairs_extend(PairBuffer *buffer, const PairBuffer *more) noexcept nogil
 cdef void pairs_free(PairBuffer *buffer) noexcept nogil
+cdef void cancel_common(PairBuffer *begun, PairBuffer *ended, int threads, bint destroyed) noexcept nogil
 cdef void batch_free(Batch *b) noexcept nogil
 cdef int batch_reserve(Batch *b, int64_t extra) noexcept nogil
 cdef int append_by_fraction(const TreeCore *t, Batch *b, bint first_hit, bint wide) noexcept nogil

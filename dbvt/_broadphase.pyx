@@ -14,7 +14,7 @@ A sensor's list is long (every proxy within its reach), and a moving sensor re-t
 partners whose budget, set at their last test, the two sides' drifts since may have used up.
 """
 from libc.float cimport FLT_MAX
-from libc.math cimport INFINITY, nextafterf
+from libc.math cimport INFINITY
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcpy, memset
@@ -26,27 +26,28 @@ import numpy as np
 
 from dbvt import validation
 
-from dbvt._batch cimport pairs_extend, pairs_free, pairs_push, rows_push, self_pairs, sort_int32, sort_pairs
+from dbvt._batch cimport (
+    cancel_common, pairs_extend, pairs_free, pairs_push, rows_push, self_pairs, sort_int32, sort_pairs,
+)
+from dbvt._check cimport ListCounts, fat_pairs_count, partners_check
 from dbvt._core cimport (
     NEWLY_MOVED, PREDICTION_STEPS, PREFETCH_AHEAD, PROXY_LIVE, PROXY_MOVED, PROXY_REFAT, PROXY_SEEN, PROXY_SENSOR,
-    PROXY_SENSOR_BOX, PROXY_SENSOR_SPHERE, PROXY_STATIC, QUERY_FAT_BOX, Hits, IdPair, PairBuffer, Proxy, Query, Stack,
-    TreeCore, box_contains, boxes_overlap, clamp_finite, core_move, core_move_split, core_place, core_remove,
-    core_reserve, core_set_sensor, grow_array, hits_free, listed_allowed, load_box, pair_allowed, prefetch,
-    prefetch_l2, prefetch_move, stack_free, walk,
+    PROXY_SENSOR_BOX, PROXY_SENSOR_SPHERE, PROXY_STATIC, Hits, IdPair, PairBuffer, Proxy, TreeCore, box_contains,
+    core_move, core_move_split, core_place, core_remove, core_reserve, core_set_sensor, grow_array, load_box, prefetch,
+    prefetch_move,
 )
 from dbvt._finding cimport (
     FAT_LIMIT, FIND_ON_THREADS_FROM, NOT_FOUND, UNCHANGED, Finder, Found, Packets, Refreshed, Retest, Retests,
     find_all, flip_all, found_free, next_packet, packet_order, packets_free, reach_allows, refresh_all, retest_all,
     retests_free,
 )
-from dbvt._parallel cimport run_parts
 from dbvt._partners cimport (
     INLINE_PARTNERS, TOUCHING, Partners, budgets_of, items_of, partners_erase, partners_find, partners_insert,
-    partners_reserve, tight_overlap,
+    partners_reserve, prefetch_partners, prefetch_sensor_list, tight_overlap,
 )
 from dbvt._sensors cimport (
-    ROUNDING, SPHERE_TWO, SensorIndex, Shape, ball_holds, index_bytes, index_free, index_init, index_note,
-    index_note_room, index_update, move_drift, reach_cube, shape_of, shape_touches, sphere_two,
+    SPHERE_TWO, SensorIndex, Shape, ball_holds, budget, grow_outward, index_bytes, index_free, index_init, index_note,
+    index_note_room, index_update, move_drift, next_up, reach_cube, shape_of, shape_touches, sphere_two,
 )
 from dbvt._tree cimport TreeBase, pair_array, proxy_order
 
@@ -66,9 +67,6 @@ cdef enum:
     # A batch of this many moves (and no sensors in the world) edits the tree's subtrees on the
     # threads (core_move_split); with one thread it takes the same steps, so the tree is the same.
     MOVES_SPLIT_FROM = 65536
-    # From this many begun and ended pairs, threads sort the two side by side; a dense world's step
-    # has tens of thousands of each, a sparse one's a few thousand (a sort of 50,000 takes ~2 ms).
-    SORT_ON_THREADS_FROM = 16384
     # A moved sensor's due partners whose boxes are fetched ahead of its tests: twice a batch's
     # usual, as the tests go two at a time. In W1's sensor benchmark the sensed step took about 0.97
     # of its time with 8 ahead (paired runs), and 32 ahead was no better.
@@ -106,121 +104,6 @@ class FatPairLimit(Exception):
 
 cdef inline bint is_sensor(const TreeCore *t, int32_t proxy) noexcept nogil:
     return (t.proxies[proxy].flags & PROXY_SENSOR) != 0
-
-
-cdef inline void grow_outward(const float *box, float *out, double grow, int32_t dims) noexcept nogil:
-    """`box` grown by `grow` on every side, rounded outward so that it holds the exact grown box, and
-    kept within float32's range (no proxy reaches beyond it)."""
-    cdef int i
-    cdef float low, high
-    memcpy(out, box, 6 * sizeof(float))
-    for i in range(dims):
-        low = <float>(<double>box[i] - grow)
-        high = <float>(<double>box[i + 3] + grow)
-        if <double>low > <double>box[i] - grow:
-            low = nextafterf(low, -INFINITY)
-        if <double>high < <double>box[i + 3] + grow:
-            high = nextafterf(high, INFINITY)
-        out[i] = clamp_finite(low)
-        out[i + 3] = clamp_finite(high)
-
-
-cdef inline double next_up(double x) noexcept nogil:
-    """nextafter(x, INFINITY) for x >= +0, inline: each move of a world with sensors rounds its drift
-    up, and the library call showed in the step's profile. Above +0 the next double up is the next
-    bit pattern."""
-    cdef uint64_t bits
-    if not (x < INFINITY):
-        return x
-    memcpy(&bits, &x, sizeof(bits))
-    bits += 1
-    memcpy(&x, &bits, sizeof(bits))
-    return x
-
-
-cdef inline double budget(double slack, double sensor_drift, double partner_drift) noexcept nogil:
-    """What the two drifts may sum to before a pair's decision can change: their sum now and the slack,
-    less the roundings of these sums and of the comparison (a slack at or below that never skips)."""
-    return slack + sensor_drift + partner_drift - ROUNDING * (sensor_drift + partner_drift)
-
-
-cdef inline void prefetch_partners(const TreeCore *t, const Partners *partners, const int32_t *moved,
-                                   int64_t m, int64_t count) noexcept nogil:
-    """Before re-testing moved[m]: fetch, for moves further on, a partner list's header, then a heap
-    list's entries, then the partners' proxies (misses in a row, each waiting for the one before)."""
-    cdef const Partners *p
-    cdef const int32_t *items
-    cdef int32_t k
-    if m + 3 * PREFETCH_AHEAD < count:
-        prefetch(&partners[moved[m + 3 * PREFETCH_AHEAD]])
-    if m + 2 * PREFETCH_AHEAD < count:
-        p = &partners[moved[m + 2 * PREFETCH_AHEAD]]
-        if p.capacity != INLINE_PARTNERS:
-            prefetch(p.entries.heap)
-    if m + PREFETCH_AHEAD < count:
-        p = &partners[moved[m + PREFETCH_AHEAD]]
-        items = items_of(p)
-        for k in range(min(p.count, 4)):
-            prefetch(&t.proxies[items[k] >> 1])
-
-
-cdef inline void prefetch_sensor_list(const Partners *p) noexcept nogil:
-    """Fetch a sensor's whole list ahead, entries and budgets, while the one before it is re-tested:
-    the sensors' lists together are larger than the cache, and each re-test passes over all of one.
-    Into L2 only: `perf` put the time of the fetches (some 40 lines a list, back to back) on the
-    fetch instructions themselves, and in W1's sensor benchmark the step took 0.99 of its time with
-    the L2 fetch (0.963-1.004 over 16 paired runs; a fetch that bypasses the caches took 1.05)."""
-    cdef const char *items = <const char *>items_of(p)
-    cdef const char *budgets = <const char *>budgets_of(p)
-    cdef int64_t offset
-    if budgets == NULL:
-        return
-    for offset in range(0, p.count * <int64_t>sizeof(int32_t), 64):
-        prefetch_l2(items + offset)
-    for offset in range(0, p.count * <int64_t>sizeof(double), 64):
-        prefetch_l2(budgets + offset)
-
-
-cdef void sort_one_of_two(void *context, int part) noexcept nogil:
-    cdef PairBuffer *buffer = (<PairBuffer **>context)[part]
-    sort_pairs(buffer.pairs, buffer.count)
-
-
-cdef int cancel_common(PairBuffer *begun, PairBuffer *ended, int threads, bint destroyed) noexcept nogil:
-    """Sort both, then drop pairs reported both begun and ended (a proxy destroyed and re-created under
-    the same id meets the same partner): across the update, that pair did not change. Only a pair a
-    destroy ended can be both, so without `destroyed` (ended held no pair before the update) the
-    walk is skipped. With threads, each is sorted on a thread of its own: on a dense world they hold
-    tens of thousands each."""
-    cdef int64_t i = 0, j = 0, kb = 0, ke = 0
-    cdef PairBuffer *both[2]
-    both[0] = begun
-    both[1] = ended
-    if threads > 1 and begun.count + ended.count >= SORT_ON_THREADS_FROM:
-        run_parts(sort_one_of_two, both, 2)
-    else:
-        sort_one_of_two(both, 0)
-        sort_one_of_two(both, 1)
-    if not destroyed:
-        return 0
-    while i < begun.count or j < ended.count:
-        if j == ended.count or (i < begun.count and (
-                begun.pairs[i].a < ended.pairs[j].a
-                or (begun.pairs[i].a == ended.pairs[j].a and begun.pairs[i].b < ended.pairs[j].b))):
-            begun.pairs[kb] = begun.pairs[i]
-            kb += 1
-            i += 1
-        elif i == begun.count or (ended.pairs[j].a < begun.pairs[i].a
-                or (ended.pairs[j].a == begun.pairs[i].a and ended.pairs[j].b < begun.pairs[i].b)):
-            ended.pairs[ke] = ended.pairs[j]
-            ke += 1
-            j += 1
-        else:
-            i += 1
-            j += 1
-    begun.count = kb
-    ended.count = ke
-    return 0
 
 
 cdef class Broadphase(TreeBase):
@@ -1508,108 +1391,26 @@ cdef class Broadphase(TreeBase):
         the tight boxes overlap; a sensor pair marked inside only where the proxy touches the grown
         shape, and outside only where it does not touch the shape; and, pending or not, each sensor
         pair that a re-test would pass over (its budget not yet reached) already decided as a test
-        would decide it."""
+        would decide it (partners_check in _check.pyx)."""
         TreeBase.validate(self)
-        cdef TreeCore *t = &self.core
-        cdef int32_t proxy, other, k, entry
-        cdef int32_t *theirs
-        cdef int32_t *items
-        cdef double *budgets
-        cdef Partners *mine
-        cdef Shape shape
-        cdef bint touches
-        cdef int holds
-        cdef int64_t listed = 0, touching = 0, inside = 0, sensor_entries = 0, sensors = 0
+        cdef ListCounts counts
+        cdef int64_t fat_pairs
         cdef bint settled = (self.track_pairs and self.moved_count == 0 and self.ended.count == 0
                              and self.leaving.count == 0)
-        cdef float reach[6]
-        for proxy in range(self.slot_capacity):
-            mine = &self.partners[proxy]
-            if not (t.proxies[proxy].flags & PROXY_LIVE):
-                if mine.count:
-                    raise RuntimeError("dbvt invariant broken: a free proxy has partners")
-                continue
-            budgets = NULL
-            if is_sensor(t, proxy):
-                sensors += 1
-                grow_outward(t.proxies[proxy].tight, reach, self.sensor_margin, t.dims)
-                holds = ball_holds(t.proxies[proxy].fat, t.proxies[proxy].tight, t.dims, self.sensor_margin)
-                if not (t.proxies[proxy].flags & PROXY_SENSOR_SPHERE):
-                    holds = -1
-                if holds == 0 or (holds == -1 and not box_contains(t.proxies[proxy].fat, reach)):
-                    raise RuntimeError("dbvt invariant broken: a sensor's reach does not hold its grown shape")
-                shape_of(&shape, t.proxies[proxy].tight, t.proxies[proxy].flags, t.dims, self.sensor_margin)
-                budgets = budgets_of(mine)
-            if mine.capacity < INLINE_PARTNERS or mine.count > mine.capacity:
-                raise RuntimeError("dbvt invariant broken: a partner list holds more than its capacity")
-            items = items_of(mine)
-            for k in range(mine.count):
-                entry = items[k]
-                other = entry >> 1
-                if other < 0 or other >= self.slot_capacity or not (t.proxies[other].flags & PROXY_LIVE):
-                    raise RuntimeError("dbvt invariant broken: a partner is not a live proxy")
-                if k and (items[k - 1] >> 1) >= other:
-                    raise RuntimeError("dbvt invariant broken: a partner list is not sorted")
-                if not listed_allowed(t, self.groups, self.masks, proxy, other):
-                    raise RuntimeError("dbvt invariant broken: a pair the filter forbids")
-                theirs = partners_find(&self.partners[other], proxy)
-                if theirs == NULL or (theirs[0] & TOUCHING) != (entry & TOUCHING):
-                    raise RuntimeError("dbvt invariant broken: a pair is listed differently on its two sides")
-                if is_sensor(t, proxy):
-                    sensor_entries += 1
-                    inside += entry & TOUCHING
-                    touches = shape_touches(&shape, t.proxies[other].tight, entry & TOUCHING, NULL)
-                    if settled and (entry & TOUCHING) != touches:
-                        raise RuntimeError("dbvt invariant broken: a sensor pair is inside where it must not be")
-                    if (budgets != NULL and self.drift[proxy] + self.drift[other] < budgets[k]
-                            and (entry & TOUCHING) != touches):
-                        raise RuntimeError("dbvt invariant broken: a sensor pair's budget outlasts its decision")
-                elif is_sensor(t, other):
-                    sensor_entries += 1
-                elif settled and (entry & TOUCHING) != tight_overlap(t, proxy, other):
-                    raise RuntimeError("dbvt invariant broken: a touching bit disagrees with the tight boxes")
-                if settled and not (boxes_overlap(t.proxies[proxy].fat, t.proxies[other].fat)
-                                    and reach_allows(&self.core, proxy, other)):
-                    raise RuntimeError("dbvt invariant broken: listed partners are not within reach")
-                listed += 1
-                if not (is_sensor(t, proxy) or is_sensor(t, other)):
-                    touching += entry & TOUCHING
-        if settled and listed // 2 != self._count_fat_pairs():
-            raise RuntimeError("dbvt invariant broken: pairs of fat boxes within reach are missing")
-        if listed != self.listed or touching != 2 * self.touching or inside != self.inside:
+        cdef const char *problem = partners_check(&self.core, self.partners, self.slot_capacity, self.groups,
+                                                  self.masks, self.drift, self.sensor_margin, settled, &counts)
+        if problem != NULL:
+            raise RuntimeError(f"dbvt invariant broken: {problem.decode()}")
+        if settled:
+            fat_pairs = fat_pairs_count(&self.core, self.groups, self.masks)
+            if fat_pairs < 0:
+                raise MemoryError()
+            if counts.listed // 2 != fat_pairs:
+                raise RuntimeError("dbvt invariant broken: pairs of fat boxes within reach are missing")
+        if counts.listed != self.listed or counts.touching != 2 * self.touching or counts.inside != self.inside:
             raise RuntimeError("dbvt invariant broken: the counts of listed, touching and inside pairs drifted")
-        if sensor_entries % 2 or sensors != self.sensor_count:
+        if counts.sensor_entries % 2 or counts.sensors != self.sensor_count:
             raise RuntimeError("dbvt invariant broken: the sensors are miscounted")
-
-    cdef int64_t _count_fat_pairs(self) except -1:
-        cdef TreeCore *t = &self.core
-        cdef Query q
-        cdef Stack stack
-        cdef Hits hits
-        cdef int32_t proxy
-        cdef int64_t h, count = 0
-        memset(&stack, 0, sizeof(Stack))
-        memset(&hits, 0, sizeof(Hits))
-        q.kind = QUERY_FAT_BOX
-        q.groups = NULL
-        q.skip_flags = 0
-        q.first_hit = False
-        try:
-            for proxy in range(t.proxy_capacity):
-                if not (t.proxies[proxy].flags & PROXY_LIVE):
-                    continue
-                memcpy(q.box, t.proxies[proxy].fat, sizeof(q.box))
-                hits.count = 0
-                if walk(t, &q, &stack, &hits) != 0:
-                    raise MemoryError()
-                for h in range(hits.count):
-                    if (hits.proxies[h] > proxy and listed_allowed(t, self.groups, self.masks, proxy, hits.proxies[h])
-                            and reach_allows(t, proxy, hits.proxies[h])):
-                        count += 1
-        finally:
-            stack_free(&stack)
-            hits_free(&hits)
-        return count
 
     cdef int _reach_balls(self) except -1:
         """After loading: a sphere sensor saved before its reach was a ball (its fat box any box, its

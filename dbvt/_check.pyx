@@ -1,17 +1,22 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False, cdivision=True
 """The tree's invariants and its measures of quality and size, for validate() and stats(), apart from
-the structure's own code in _core.
+the structure's own code in _core; and the broadphase's partner lists' invariants.
 
 core_check also runs on data from from_bytes(), so every index is range-checked before use.
 """
 from libc.float cimport FLT_MAX
-from libc.stdint cimport int32_t, int64_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
+from libc.string cimport memcpy, memset
 
 from dbvt._core cimport (
-    NULL_REF, PROXY_LIVE, PROXY_SENSOR, Node, Proxy, Quad, TreeCore, box_contains, box_cost, core_find, ref_box, ref_height,
-    ref_parent, union_box,
+    NULL_REF, PROXY_LIVE, PROXY_SENSOR, PROXY_SENSOR_SPHERE, QUERY_FAT_BOX, Hits, Node, Proxy, Quad, Query, Stack,
+    TreeCore, box_contains, box_cost, boxes_overlap, core_find, hits_free, listed_allowed, ref_box, ref_height,
+    ref_parent, stack_free, union_box, walk,
 )
+from dbvt._finding cimport reach_allows
+from dbvt._partners cimport INLINE_PARTNERS, TOUCHING, Partners, budgets_of, items_of, partners_find, tight_overlap
+from dbvt._sensors cimport Shape, ball_holds, grow_outward, shape_of, shape_touches
 
 
 cdef const char *core_check(const TreeCore *t, bint sensors_apart) noexcept nogil:
@@ -174,3 +179,108 @@ cdef int64_t core_memory(const TreeCore *t) noexcept nogil:
             + (t.slot_mask + 1) * sizeof(int32_t)
             + <int64_t>t.wide.quad_capacity * sizeof(Quad)
             + <int64_t>t.wide.leaf_capacity * (sizeof(uint64_t) + sizeof(int32_t)))
+
+
+# ---------------------------------------------------------------------------------------------
+# The broadphase's partner lists (Broadphase.validate, which compares the counts with its own).
+
+cdef const char *partners_check(const TreeCore *t, const Partners *partners, int32_t slots, const uint32_t *groups,
+                                const uint32_t *masks, const double *drift, double sensor_margin, bint settled,
+                                ListCounts *counts) noexcept nogil:
+    """The first broken invariant of the lists, or NULL: sorted, symmetric with the same touching bit,
+    between live proxies that may pair; a sensor's reach holding its grown shape; each sensor pair
+    that a re-test would pass over (its budget not yet reached) decided as a test would decide it;
+    when `settled` (nothing pending), every bit as a test would set it and every pair within reach."""
+    cdef int32_t proxy, other, k, entry
+    cdef const int32_t *theirs
+    cdef const int32_t *items
+    cdef const double *budgets
+    cdef const Partners *mine
+    cdef bint sensor, touches
+    cdef int holds
+    cdef float reach[6]
+    cdef Shape shape
+    memset(counts, 0, sizeof(ListCounts))
+    for proxy in range(slots):
+        mine = &partners[proxy]
+        if not (t.proxies[proxy].flags & PROXY_LIVE):
+            if mine.count:
+                return b"a free proxy has partners"
+            continue
+        sensor = (t.proxies[proxy].flags & PROXY_SENSOR) != 0
+        budgets = NULL
+        if sensor:
+            counts.sensors += 1
+            grow_outward(t.proxies[proxy].tight, reach, sensor_margin, t.dims)
+            holds = ball_holds(t.proxies[proxy].fat, t.proxies[proxy].tight, t.dims, sensor_margin)
+            if not (t.proxies[proxy].flags & PROXY_SENSOR_SPHERE):
+                holds = -1
+            if holds == 0 or (holds == -1 and not box_contains(t.proxies[proxy].fat, reach)):
+                return b"a sensor's reach does not hold its grown shape"
+            shape_of(&shape, t.proxies[proxy].tight, t.proxies[proxy].flags, t.dims, sensor_margin)
+            budgets = budgets_of(mine)
+        if mine.capacity < INLINE_PARTNERS or mine.count > mine.capacity:
+            return b"a partner list holds more than its capacity"
+        items = items_of(mine)
+        for k in range(mine.count):
+            entry = items[k]
+            other = entry >> 1
+            if other < 0 or other >= slots or not (t.proxies[other].flags & PROXY_LIVE):
+                return b"a partner is not a live proxy"
+            if k and (items[k - 1] >> 1) >= other:
+                return b"a partner list is not sorted"
+            if not listed_allowed(t, groups, masks, proxy, other):
+                return b"a pair the filter forbids"
+            theirs = partners_find(&partners[other], proxy)
+            if theirs == NULL or (theirs[0] & TOUCHING) != (entry & TOUCHING):
+                return b"a pair is listed differently on its two sides"
+            if sensor:
+                counts.sensor_entries += 1
+                counts.inside += entry & TOUCHING
+                touches = shape_touches(&shape, t.proxies[other].tight, entry & TOUCHING, NULL)
+                if settled and (entry & TOUCHING) != touches:
+                    return b"a sensor pair is inside where it must not be"
+                if budgets != NULL and drift[proxy] + drift[other] < budgets[k] and (entry & TOUCHING) != touches:
+                    return b"a sensor pair's budget outlasts its decision"
+            elif t.proxies[other].flags & PROXY_SENSOR:
+                counts.sensor_entries += 1
+            elif settled and (entry & TOUCHING) != tight_overlap(t, proxy, other):
+                return b"a touching bit disagrees with the tight boxes"
+            if settled and not (boxes_overlap(t.proxies[proxy].fat, t.proxies[other].fat)
+                                and reach_allows(t, proxy, other)):
+                return b"listed partners are not within reach"
+            counts.listed += 1
+            if not (sensor or (t.proxies[other].flags & PROXY_SENSOR)):
+                counts.touching += entry & TOUCHING
+    return NULL
+
+
+cdef int64_t fat_pairs_count(const TreeCore *t, const uint32_t *groups, const uint32_t *masks) noexcept nogil:
+    """The pairs of live proxies whose fat boxes overlap within reach and may pair, by a walk for
+    each: what the lists hold when nothing is pending. -1 when memory ran out."""
+    cdef Query q
+    cdef Stack stack
+    cdef Hits hits
+    cdef int32_t proxy
+    cdef int64_t h, count = 0
+    memset(&stack, 0, sizeof(Stack))
+    memset(&hits, 0, sizeof(Hits))
+    q.kind = QUERY_FAT_BOX
+    q.groups = NULL
+    q.skip_flags = 0
+    q.first_hit = False
+    for proxy in range(t.proxy_capacity):
+        if not (t.proxies[proxy].flags & PROXY_LIVE):
+            continue
+        memcpy(q.box, t.proxies[proxy].fat, sizeof(q.box))
+        hits.count = 0
+        if walk(t, &q, &stack, &hits) != 0:
+            count = -1
+            break
+        for h in range(hits.count):
+            if (hits.proxies[h] > proxy and listed_allowed(t, groups, masks, proxy, hits.proxies[h])
+                    and reach_allows(t, proxy, hits.proxies[h])):
+                count += 1
+    stack_free(&stack)
+    hits_free(&hits)
+    return count

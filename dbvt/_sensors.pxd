@@ -8,10 +8,12 @@
 # threshold keeps its decision while the sum of both sides' such drifts stays below the slack.
 from libc.float cimport FLT_EPSILON, FLT_MAX
 from libc.math cimport INFINITY, nextafterf, sqrt
-from libc.stdint cimport int32_t, int64_t, uint32_t
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 
-from dbvt._core cimport PROXY_SENSOR_BOX, PROXY_SENSOR_SPHERE, Hits, TreeCore, above, ball_gap_sq, boxes_overlap
+from dbvt._core cimport (
+    PROXY_SENSOR_BOX, PROXY_SENSOR_SPHERE, Hits, TreeCore, above, ball_gap_sq, boxes_overlap, clamp_finite,
+)
 
 
 cdef enum:
@@ -161,6 +163,42 @@ cdef inline double move_drift(const float *before, const float *after, unsigned 
     if flags & PROXY_SENSOR_SPHERE:
         return (sqrt(centre) + half) * (1.0 + ROUNDING)
     return sqrt(norm) * (1.0 + ROUNDING)
+
+
+cdef inline void grow_outward(const float *box, float *out, double grow, int32_t dims) noexcept nogil:
+    """`box` grown by `grow` on every side, rounded outward so that it holds the exact grown box, and
+    kept within float32's range (no proxy reaches beyond it)."""
+    cdef int i
+    cdef float low, high
+    memcpy(out, box, 6 * sizeof(float))
+    for i in range(dims):
+        low = <float>(<double>box[i] - grow)
+        high = <float>(<double>box[i + 3] + grow)
+        if <double>low > <double>box[i] - grow:
+            low = nextafterf(low, -INFINITY)
+        if <double>high < <double>box[i + 3] + grow:
+            high = nextafterf(high, INFINITY)
+        out[i] = clamp_finite(low)
+        out[i + 3] = clamp_finite(high)
+
+
+cdef inline double next_up(double x) noexcept nogil:
+    """nextafter(x, INFINITY) for x >= +0, inline: each move of a world with sensors rounds its drift
+    up, and the library call showed in the step's profile. Above +0 the next double up is the next
+    bit pattern."""
+    cdef uint64_t bits
+    if not (x < INFINITY):
+        return x
+    memcpy(&bits, &x, sizeof(bits))
+    bits += 1
+    memcpy(&x, &bits, sizeof(bits))
+    return x
+
+
+cdef inline double budget(double slack, double sensor_drift, double partner_drift) noexcept nogil:
+    """What the two drifts may sum to before a pair's decision can change: their sum now and the slack,
+    less the roundings of these sums and of the comparison (a slack at or below that never skips)."""
+    return slack + sensor_drift + partner_drift - ROUNDING * (sensor_drift + partner_drift)
 
 
 # A sphere sensor's reach is a ball: its fat box is a cube around the ball that its shape, grown by

@@ -1,6 +1,8 @@
 """from_bytes() on damaged data: every index is range-checked, so a flipped byte gives ValueError (or,
 where it hits padding or a box corner in a way that breaks nothing, a valid structure), never a crash
 or a hang."""
+import struct
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -55,3 +57,47 @@ def test_a_3d_world_relabelled_2d_is_rejected(kind):
     data[12] = 2
     with pytest.raises(ValueError, match="2-D tree has a z extent"):
         kind.from_bytes(bytes(data))
+
+
+
+def settled_lists(bp):
+    """A settled broadphase's bytes, its per-slot list lengths, and a copy of its list entries
+    (partner << 1 | touching), which end the bytes when nothing is pending."""
+    data = bytearray(bp.to_bytes())
+    slots = struct.unpack_from("<4sIIif7i", data)[8]     # the header's proxy capacity
+    total = 2 * bp.stats()["fat_pairs"]
+    counts = np.frombuffer(data, np.int32, count=slots, offset=len(data) - 4 * total - 4 * slots)
+    items = np.frombuffer(data, np.int32, count=total, offset=len(data) - 4 * total)
+    return data, counts.copy(), items.copy()
+
+
+@pytest.mark.parametrize("damage, problem", [
+    ("one side's bit", "listed differently on its two sides"),
+    ("both sides' bits", "touching bit disagrees with the tight boxes"),
+    ("two entries swapped", "partner list is not sorted"),
+    ("a sensor pair's bits", "sensor pair is inside where it must not be"),
+])
+def test_each_broken_partner_list_invariant_is_named(damage, problem):
+    """Lists damaged in ways that keep every index in range: the check names what broke."""
+    bp = dbvt.Broadphase()
+    x = np.arange(20, dtype=np.float32)
+    bp.create(np.arange(20), np.stack([x, 0 * x, 0 * x, x + 2.5, 0 * x + 1, 0 * x + 1], axis=1))
+    if damage == "a sensor pair's bits":
+        bp.create([1000], [[7, -3, -3, 13, 3, 3]], sensor="sphere")
+    bp.update()
+    data, counts, items = settled_lists(bp)
+    starts = np.concatenate([[0], np.cumsum(counts)])
+    # Slot 0 lists slots 1 and 2, and is checked first; the sensor's list is the longest.
+    owner = int(np.argmax(counts)) if damage == "a sensor pair's bits" else 0
+    row = starts[owner]
+    partner = items[row] >> 1
+    if damage == "two entries swapped":
+        items[[row, row + 1]] = items[[row + 1, row]]
+    else:
+        items[row] ^= 1
+        if damage != "one side's bit":
+            theirs = starts[partner] + np.flatnonzero(items[starts[partner]:starts[partner + 1]] >> 1 == owner)[0]
+            items[theirs] ^= 1
+    data[len(data) - 4 * len(items):] = items.astype("<i4").tobytes()
+    with pytest.raises(ValueError, match=problem):
+        dbvt.Broadphase.from_bytes(bytes(data))
