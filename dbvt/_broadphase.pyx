@@ -37,9 +37,9 @@ from dbvt._core cimport (
     prefetch_move,
 )
 from dbvt._finding cimport (
-    FAT_LIMIT, FIND_ON_THREADS_FROM, NOT_FOUND, UNCHANGED, Finder, Found, Packets, Refreshed, Retest, Retests,
-    find_all, flip_all, found_free, next_packet, packet_order, packets_free, reach_allows, refresh_all, retest_all,
-    retests_free,
+    FAT_LIMIT, FIND_ON_THREADS_FROM, NOT_FOUND, PICK_ON_THREADS_FROM, UNCHANGED, Finder, Found, Packets, Picked,
+    Refreshed, Retest, Retests, find_all, flip_all, found_free, next_packet, packet_order, packets_free, pick_moved,
+    picked_free, reach_allows, refresh_all, retest_all, retests_free,
 )
 from dbvt._partners cimport (
     INLINE_PARTNERS, TOUCHING, Partners, budgets_of, items_of, partners_erase, partners_find, partners_insert,
@@ -634,6 +634,9 @@ cdef class Broadphase(TreeBase):
         cdef int64_t m
         cdef int status = 0
         cdef Finder finder
+        cdef Picked picked
+        cdef bint on_threads = self.threads > 1 and self.moved_count >= FIND_ON_THREADS_FROM
+        memset(&picked, 0, sizeof(Picked))
         if self.sensor_count:
             if index_update(&self.sensor_index, &self.core, self.sensors_stale) != 0:
                 self.sensors_stale = True
@@ -649,7 +652,10 @@ cdef class Broadphase(TreeBase):
         finder.sensors = self.sensor_count != 0
         self.sensor_edits.count = 0
         self.moved_sensors.count = 0
-        status = self._refresh(&finder, ended)
+        if on_threads and self.sensor_count == 0 and self.moved_count >= PICK_ON_THREADS_FROM:
+            if pick_moved(&self.core, self.moved, self.moved_count, self.threads, &picked) != 0:
+                return -1
+        status = self._refresh(&finder, &picked, ended)
         for m in range(self.moved_count if self.sensor_count else 0):
             if status == 0 and is_sensor(&self.core, self.moved[m]):
                 status = rows_push(&self.moved_sensors, self.core.proxies[self.moved[m]].id, <uint64_t>self.moved[m])
@@ -663,32 +669,38 @@ cdef class Broadphase(TreeBase):
         if self._make_sensor_edits() != 0:
             status = -1
         self._flip_partner_sides()
-        if self.threads > 1 and self.moved_count >= FIND_ON_THREADS_FROM:
+        if on_threads:
             if status == 0:
-                status = self._retest_on_threads(begun, ended)
+                status = self._retest_on_threads(&picked, begun, ended)
         else:
             for m in range(self.moved_count):
                 prefetch_partners(&self.core, self.partners, self.moved, m, self.moved_count)
                 if status == 0:
                     status = self._retest(self.moved[m], begun, ended)
-        for m in range(self.moved_count):
+        picked_free(&picked)
+        # Only the re-tests on one thread and the sensors' passes mark proxies seen: on threads, in a
+        # world without sensors, there is nothing to clear, and the pass over the flags is spared.
+        for m in range(self.moved_count if self.sensor_count or not on_threads else 0):
             self.core.proxies[self.moved[m]].flags &= ~PROXY_SEEN
         if status == 0:
             self.moved_count = 0
         return status
 
-    cdef int _refresh(self, const Finder *finder, PairBuffer *ended) noexcept nogil:
-        """Stage 1: the proxies with new fat boxes get their partners, found a packet of neighbours at a
-        time when many refresh (see packet_order in _finding.pyx), on threads from
-        FIND_ON_THREADS_FROM of them. The proxies that are no sensors are merged first, then the
-        sensors (see _merge_partners)."""
-        cdef int32_t *refat = <int32_t *>malloc(max(self.moved_count, 1) * sizeof(int32_t))
-        cdef int64_t n = 0, plain = 0, m
+    cdef int _refresh(self, const Finder *finder, const Picked *picked, PairBuffer *ended) noexcept nogil:
+        """Stage 1: the proxies with new fat boxes (`picked` already, or picked here) get their
+        partners, found a packet of neighbours at a time when many refresh (see packet_order in
+        _finding.pyx), on threads from FIND_ON_THREADS_FROM of them. The proxies that are no sensors
+        are merged first, then the sensors (see _merge_partners)."""
+        cdef int32_t *owned = NULL
+        cdef int32_t *refat = picked.refat
+        cdef int64_t n = picked.refat_count, plain = picked.refat_count, m
         cdef int status, sensors
         if refat == NULL:
-            return -1
+            refat = owned = <int32_t *>malloc(max(self.moved_count, 1) * sizeof(int32_t))
+            if refat == NULL:
+                return -1
         # Each kind ascending (the moved are sorted): a proxy listed twice is taken once.
-        for sensors in range(2 if self.sensor_count else 1):
+        for sensors in range(0 if owned == NULL else 2 if self.sensor_count else 1):
             for m in range(self.moved_count):
                 if ((self.core.proxies[self.moved[m]].flags & FRESH_FAT) == FRESH_FAT
                         and is_sensor(&self.core, self.moved[m]) == sensors
@@ -701,7 +713,7 @@ cdef class Broadphase(TreeBase):
             status = self._refresh_on_threads(finder, refat, plain, n, ended)
         else:
             status = self._refresh_here(finder, refat, plain, n, ended)
-        free(refat)
+        free(owned)
         return status
 
     cdef int _refresh_here(self, const Finder *finder, const int32_t *refat, int64_t plain, int64_t n,
@@ -787,13 +799,14 @@ cdef class Broadphase(TreeBase):
         found_free(&found)
         return status
 
-    cdef int _retest_on_threads(self, PairBuffer *begun, PairBuffer *ended) noexcept nogil:
-        """Stage 2 for the moved proxies that are no sensors, with the changes found on the threads
-        (retest_all). Without sensors, the threads make them too (flip_all); with them, one thread
-        makes them in the order it would take them (see _retest)."""
+    cdef int _retest_on_threads(self, const Picked *picked, PairBuffer *begun, PairBuffer *ended) noexcept nogil:
+        """Stage 2 for the moved proxies that are no sensors (`picked` already, or picked here), with
+        the changes found on the threads (retest_all). Without sensors, the threads make them too
+        (flip_all); with them, one thread makes them in the order it would take them (see _retest)."""
         cdef TreeCore *t = &self.core
-        cdef int32_t *plain = <int32_t *>malloc(max(self.moved_count, 1) * sizeof(int32_t))
-        cdef int64_t n = 0, m, c, r
+        cdef int32_t *owned = NULL
+        cdef int32_t *plain = picked.retest
+        cdef int64_t n = picked.retest_count, m, c, r
         cdef int32_t proxy, other, last
         cdef int32_t *entry
         cdef const Retest *change
@@ -802,8 +815,10 @@ cdef class Broadphase(TreeBase):
         cdef Retests found
         memset(&found, 0, sizeof(Retests))
         if plain == NULL:
-            return -1
-        for m in range(self.moved_count):       # ascending: a proxy listed twice is taken once
+            plain = owned = <int32_t *>malloc(max(self.moved_count, 1) * sizeof(int32_t))
+            if plain == NULL:
+                return -1
+        for m in range(self.moved_count if owned != NULL else 0):   # ascending: a proxy listed twice is taken once
             proxy = self.moved[m]
             if ((t.proxies[proxy].flags & (PROXY_LIVE | PROXY_MOVED)) == (PROXY_LIVE | PROXY_MOVED)
                     and not is_sensor(t, proxy) and (n == 0 or plain[n - 1] != proxy)):
@@ -819,7 +834,7 @@ cdef class Broadphase(TreeBase):
                 if status == 0:
                     status = pairs_extend(ended, &found.ended[w])
             retests_free(&found)
-            free(plain)
+            free(owned)
             return status
         # As _retest marks each proxy as it starts it: after a failure, those after it are left
         # moved, for the next update to re-test.
@@ -846,7 +861,7 @@ cdef class Broadphase(TreeBase):
             if plain[m] <= last:
                 t.proxies[plain[m]].flags = (t.proxies[plain[m]].flags & ~PROXY_MOVED) | PROXY_SEEN
         retests_free(&found)
-        free(plain)
+        free(owned)
         return status
 
     cdef void _flip_partner_sides(self) noexcept nogil:

@@ -136,6 +136,20 @@ cdef int find_all(const Finder *f, const Partners *partners, const int32_t *prox
 cdef void found_free(Found *found) noexcept nogil
 
 
+cdef enum:
+    PICK_ON_THREADS_FROM = 32768    # moved proxies from which pick_moved cuts its pass over the threads
+
+ctypedef struct Picked:             # the moved proxies each stage takes (pick_moved), ascending, each once
+    int32_t *refat                  # stage 1's: live, with new fat boxes...
+    int64_t refat_count
+    int32_t *retest                 # ...stage 2's: live and moved
+    int64_t retest_count
+
+
+cdef int pick_moved(const TreeCore *t, const int32_t *moved, int64_t n, int threads, Picked *out) noexcept nogil
+cdef void picked_free(Picked *picked) noexcept nogil
+
+
 ctypedef struct Refreshed:          # what refresh_all changed beside the lists
     PairBuffer ended                # the touching pairs whose fat boxes parted
     int64_t listed                  # the change in the entries of all lists

@@ -637,6 +637,46 @@ def test_a_large_batch_of_moves_edits_subtrees_on_threads_as_one_thread(dims):
         assert worlds[0].stats()["height"] <= 2 * math.log2(n)
 
 
+def test_both_stages_picked_at_once_on_threads_as_one_thread():
+    """From 32,768 moved proxies (and no sensors) the threads pick both stages' proxies in one pass over
+    their flags, each its own run of the moved, sorted: a slot listed twice (a proxy destroyed, and
+    a new one created in its slot) is taken once, a destroyed proxy not at all, and one that stayed
+    in its fat box only by stage 2. Updates, lists and trees are one thread's, and the pairs the
+    reference's."""
+    n = 40_000
+    world = W1World(n, 3, seed=37)
+    rng = np.random.default_rng(37)
+    boxes = world.boxes.astype(np.float32)
+    ids = world.ids.copy()
+    oracle = reference.Broadphase(dims=3)
+    worlds = [dbvt.Broadphase(dims=3, threads=threads) for threads in (1, 2, 3)]
+    for structure in (oracle, *worlds):
+        structure.create(ids, boxes)
+        structure.update()
+    for step in range(3):
+        boxes = boxes + rng.normal(0, 0.05 if step % 2 else 1.5, (n, 1)).astype(np.float32)
+        gone = rng.choice(n, 400, replace=False)
+        new_ids = np.arange(10**9 + 400 * step, 10**9 + 400 * (step + 1), dtype=np.uint64)
+        answers = []
+        for structure in (oracle, *worlds):
+            structure.move(ids, boxes)
+            structure.destroy(ids[gone[:200]])          # moved, then destroyed: no stage takes them
+            structure.destroy(ids[gone[200:]])
+            structure.create(new_ids[:200], boxes[gone[200:]])     # new ones in moved proxies' slots
+            answers.append(structure.update()[:2])
+        for got in answers[1:]:
+            for pairs, expected in zip(got, answers[0]):
+                np.testing.assert_array_equal(pairs, expected)
+        ids[gone[200:]] = new_ids[:200]
+        for structure in (oracle, *worlds):
+            structure.create(ids[gone[:200]] + np.uint64(10**12), boxes[gone[:200]])
+            structure.update()
+        ids[gone[:200]] += np.uint64(10**12)
+        assert worlds[0].to_bytes() == worlds[1].to_bytes() == worlds[2].to_bytes()
+    worlds[2].validate()
+    np.testing.assert_array_equal(worlds[2].pairs(), oracle.pairs())
+
+
 def test_a_large_batch_moving_a_fraction_of_the_world_labels_subtrees_by_climbing_as_one_thread():
     """When fewer than a quarter of the proxies move (here 68,000 of 280,000), the threads find each
     moved leaf's subtree by climbing from it rather than labelling every leaf from the top down: the
