@@ -381,10 +381,13 @@ cdef class Broadphase(TreeBase):
         undoing the move (at no cost beyond the copy: the proxies are in hand anyway)."""
         id_arr = validation.as_ids(ids)
         cdef const float[:, ::1] rows = validation.as_boxes(boxes, self.core.dims, len(id_arr), threads=self.threads)
-        proxy_arr = self._existing(id_arr)
+        proxy_arr = self._existing(id_arr, False)
         cdef int32_t[::1] proxies = proxy_arr
+        cdef bint repeated
         # In proxy order, which follows the tree's after a build: neighbouring edits share paths.
-        cdef int64_t[::1] order = proxy_order(proxy_arr, self.core.proxy_capacity, self.threads)
+        cdef int64_t[::1] order = proxy_order(proxy_arr, self.core.proxy_capacity, self.threads, &repeated)
+        if repeated:
+            self._existing(id_arr)      # raises, naming the first repeat
         cdef Py_ssize_t n = proxies.shape[0], i, row, k
         cdef int64_t refattened = 0
         cdef bint refat

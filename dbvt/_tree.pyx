@@ -101,18 +101,21 @@ cdef object pair_array(PairBuffer *buffer):
 SPATIAL_ORDER_FROM = 256
 
 
-cdef object proxy_order(const int32_t[::1] proxies, int32_t capacity, int threads):
-    """The rows of a batch in the order of their proxies (distinct indices below `capacity`): what
+cdef object proxy_order(const int32_t[::1] proxies, int32_t capacity, int threads, bint *repeated):
+    """The rows of a batch in the order of their proxies (indices below `capacity`): what a stable
     np.argsort gives, by radix passes over (proxy << 32 | row), two for a million proxies, cut over
     the threads from BATCH_ON_THREADS_FROM rows. A batch's edits take this order; numpy's sort of
-    100,000 rows took 1.6 ms."""
+    100,000 rows took 1.6 ms. `repeated` tells whether a proxy is in the batch twice: side by side
+    in this order, it costs nothing to see."""
     cdef Py_ssize_t n = proxies.shape[0], i
     cdef int bits = 0
+    cdef bint twice = False
     cdef uint64_t *keys
     cdef uint64_t *spare
     cdef uint64_t *ordered
     order = np.empty(n, np.int64)
     cdef int64_t[::1] out = order
+    repeated[0] = False
     if n == 0:
         return order
     while bits < 31 and (<int64_t>1 << bits) < capacity:
@@ -130,8 +133,10 @@ cdef object proxy_order(const int32_t[::1] proxies, int32_t capacity, int thread
                              threads if n >= BATCH_ON_THREADS_FROM else 1)
         for i in range(n):
             out[i] = <int64_t><uint32_t>ordered[i]
+            twice |= i > 0 and (ordered[i] >> 32) == (ordered[i - 1] >> 32)
     free(keys)
     free(spare)
+    repeated[0] = twice
     return order
 
 
@@ -170,14 +175,17 @@ def spatial_order(const float[:, ::1] boxes, int dims):
 # threads, with an atomic OR); an absent id, or a proxy claimed already, stops the part. The claims are
 # cleared once every part is done (not before: a later claim of the same proxy must still see the
 # flag). With one part the row that stopped it is the first bad row; a lookup on threads that fails
-# runs again as one part to name it.
+# runs again as one part to name it. A batch that is put in its proxies' order anyway (proxy_order)
+# finds its repeats there, and looks up without claims: on threads each claim was an atomic OR, and
+# clearing them a second pass of cache misses, about a fifth of W2's moves on two threads.
 ctypedef struct Lookup:
     TreeCore *t
     const uint64_t *ids
     int32_t *out
     int64_t n
     int parts
-    int64_t claimed[MAX_THREADS]    # [part]: the end of its run of claimed rows
+    bint claim                      # claim each proxy, to find repeated ids
+    int64_t claimed[MAX_THREADS]    # [part]: the end of its run of claimed rows (found, without claims)
     dbvt_counter failed             # nonzero once a part met a bad row
 
 
@@ -187,7 +195,7 @@ cdef void lookup_part(void *context, int part) noexcept nogil:
     cdef const TreeCore *t = look.t
     cdef const uint64_t *ids = look.ids
     cdef int32_t *out = look.out
-    cdef bint alone = look.parts == 1
+    cdef bint alone = look.parts == 1, claim = look.claim
     cdef int64_t i = look.n * part // look.parts, last = look.n * (part + 1) // look.parts
     cdef int32_t proxy
     cdef uint32_t *flags
@@ -200,14 +208,15 @@ cdef void lookup_part(void *context, int part) noexcept nogil:
         proxy = core_find(t, ids[i])
         if proxy < 0:
             break
-        flags = &t.proxies[proxy].flags
-        if alone:
-            before = flags[0]
-            flags[0] = before | PROXY_SEEN
-        else:
-            before = fetch_or(flags, PROXY_SEEN)
-        if before & PROXY_SEEN:
-            break
+        if claim:
+            flags = &t.proxies[proxy].flags
+            if alone:
+                before = flags[0]
+                flags[0] = before | PROXY_SEEN
+            else:
+                before = fetch_or(flags, PROXY_SEEN)
+            if before & PROXY_SEEN:
+                break
         out[i] = proxy
         i += 1
     if i < last:
@@ -227,7 +236,8 @@ cdef bint lookup_ids(Lookup *look) noexcept nogil:
     first bad row is look.claimed[0]."""
     counter_set(&look.failed, 0)
     run_parts(lookup_part, look, look.parts)
-    run_parts(unclaim_part, look, look.parts)
+    if look.claim:
+        run_parts(unclaim_part, look, look.parts)
     return not counter_get(&look.failed)
 
 
@@ -351,8 +361,9 @@ cdef class TreeBase:
             with nogil:
                 wide_refresh(&self.core)
 
-    cdef object _existing(self, object ids):
-        """Proxy indices of `ids`, which must be present and distinct."""
+    cdef object _existing(self, object ids, bint distinct=True):
+        """Proxy indices of `ids`, which must be present, and distinct unless `distinct` is False (the
+        caller then finds repeats itself, and asks again to raise the error)."""
         cdef const uint64_t[::1] id_view = ids
         cdef Lookup look
         cdef bint found
@@ -364,10 +375,12 @@ cdef class TreeBase:
             return proxies
         look.ids, look.out = &id_view[0], &out[0]
         look.parts = self.threads if look.n >= BATCH_ON_THREADS_FROM else 1
+        look.claim = distinct
         with nogil:
             found = lookup_ids(&look)
-            if not found and look.parts > 1:
+            if not found and (look.parts > 1 or not look.claim):
                 look.parts = 1
+                look.claim = True
                 found = lookup_ids(&look)
         if not found:
             bad = look.claimed[0]
@@ -725,10 +738,13 @@ cdef class Tree(TreeBase):
         """Give proxies new tight boxes; returns how many left their fat box (and got a new one)."""
         id_arr = validation.as_ids(ids)
         cdef const float[:, ::1] rows = validation.as_boxes(boxes, self.core.dims, len(id_arr), threads=self.threads)
-        proxy_arr = self._existing(id_arr)
+        proxy_arr = self._existing(id_arr, False)
         cdef int32_t[::1] proxies = proxy_arr
+        cdef bint repeated
         # In proxy order, which follows the tree's after a build: neighbouring edits share paths.
-        cdef int64_t[::1] order = proxy_order(proxy_arr, self.core.proxy_capacity, self.threads)
+        cdef int64_t[::1] order = proxy_order(proxy_arr, self.core.proxy_capacity, self.threads, &repeated)
+        if repeated:
+            self._existing(id_arr)      # raises, naming the first repeat
         cdef Py_ssize_t n = proxies.shape[0], i, row
         cdef int64_t moved = 0
         cdef float box[6]
