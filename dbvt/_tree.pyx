@@ -29,7 +29,7 @@ from dbvt._core cimport (
 from dbvt._build cimport MAX_DIGIT_BITS, core_bulk_insert, core_rebuild, radix_sort
 from dbvt._check cimport core_area_ratio, core_check, core_height, core_memory
 from dbvt._parallel cimport (
-    BATCH_ON_THREADS_FROM, MAX_THREADS, counter_get, counter_set, dbvt_counter, fetch_or, run_parts,
+    BATCH_ON_THREADS_FROM, MAX_THREADS, counter_get, counter_set, counter_take, dbvt_counter, fetch_or, run_parts,
 )
 from dbvt._wide cimport wide_refresh, wide_worth
 
@@ -177,7 +177,12 @@ def spatial_order(const float[:, ::1] boxes, int dims):
 # flag). With one part the row that stopped it is the first bad row; a lookup on threads that fails
 # runs again as one part to name it. A batch that is put in its proxies' order anyway (proxy_order)
 # finds its repeats there, and looks up without claims: on threads each claim was an atomic OR, and
-# clearing them a second pass of cache misses, about a fifth of W2's moves on two threads.
+# clearing them a second pass of cache misses, about a fifth of W2's moves on two threads. Without
+# claims the threads take chunks of rows in turn: ids inserted late probe further in the table, and
+# W2's moves, in id order, left the thread with the second half a millisecond behind.
+cdef enum:
+    LOOKUP_CHUNK = 4096             # rows a thread takes at a time, without claims
+
 ctypedef struct Lookup:
     TreeCore *t
     const uint64_t *ids
@@ -185,18 +190,19 @@ ctypedef struct Lookup:
     int64_t n
     int parts
     bint claim                      # claim each proxy, to find repeated ids
-    int64_t claimed[MAX_THREADS]    # [part]: the end of its run of claimed rows (found, without claims)
+    int64_t claimed[MAX_THREADS]    # [part]: the end of its run of claimed rows
+    dbvt_counter next               # without claims: the next chunk of LOOKUP_CHUNK rows to take
     dbvt_counter failed             # nonzero once a part met a bad row
 
 
-cdef void lookup_part(void *context, int part) noexcept nogil:
-    cdef Lookup *look = <Lookup *>context
+cdef int64_t look_up(Lookup *look, int64_t i, int64_t last) noexcept nogil:
+    """Rows i to last - 1 (claiming their proxies, with `claim`): where the run stopped, at an absent
+    id or a proxy claimed already; `last` when none did."""
     # In locals: the stores to the flags could alias the Lookup, which the loop would then re-read.
     cdef const TreeCore *t = look.t
     cdef const uint64_t *ids = look.ids
     cdef int32_t *out = look.out
     cdef bint alone = look.parts == 1, claim = look.claim
-    cdef int64_t i = look.n * part // look.parts, last = look.n * (part + 1) // look.parts
     cdef int32_t proxy
     cdef uint32_t *flags
     cdef uint32_t before
@@ -219,9 +225,24 @@ cdef void lookup_part(void *context, int part) noexcept nogil:
                 break
         out[i] = proxy
         i += 1
-    if i < last:
-        counter_set(&look.failed, 1)
-    look.claimed[part] = i
+    return i
+
+
+cdef void lookup_part(void *context, int part) noexcept nogil:
+    cdef Lookup *look = <Lookup *>context
+    cdef int64_t first, last, chunk
+    if look.claim:
+        first, last = look.n * part // look.parts, look.n * (part + 1) // look.parts
+        look.claimed[part] = look_up(look, first, last)
+        if look.claimed[part] < last:
+            counter_set(&look.failed, 1)
+        return
+    chunk = counter_take(&look.next)
+    while chunk * LOOKUP_CHUNK < look.n and not counter_get(&look.failed):
+        last = min(look.n, (chunk + 1) * LOOKUP_CHUNK)
+        if look_up(look, chunk * LOOKUP_CHUNK, last) < last:
+            counter_set(&look.failed, 1)
+        chunk = counter_take(&look.next)
 
 
 cdef void unclaim_part(void *context, int part) noexcept nogil:
@@ -235,6 +256,7 @@ cdef bint lookup_ids(Lookup *look) noexcept nogil:
     """Whether every id was found, once (the proxies in look.out); with one part, a failed lookup's
     first bad row is look.claimed[0]."""
     counter_set(&look.failed, 0)
+    counter_set(&look.next, 0)
     run_parts(lookup_part, look, look.parts)
     if look.claim:
         run_parts(unclaim_part, look, look.parts)
