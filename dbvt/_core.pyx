@@ -903,11 +903,13 @@ cdef bint place_below(TreeCore *t, int32_t proxy, const float *tight, const floa
 
 
 cdef void leaf_split_part(void *context, int part) noexcept nogil:
-    """Label the leaves of a run of subtrees a part, from their roots down (leaf_split)."""
+    """Label the leaves of a run of subtrees a part, from their roots down (leaf_split). Each node is a
+    cache miss that one walk could only wait for in turn; the order of the labels does not matter,
+    so LABEL_GROUP references come off the stack together and their nodes are fetched side by side."""
     cdef SplitMoves *m = <SplitMoves *>context
     cdef const TreeCore *t = m.t
-    cdef int split
-    cdef int32_t ref
+    cdef int split, count, j
+    cdef int32_t refs[LABEL_GROUP]
     cdef Stack stack
     memset(&stack, 0, sizeof(Stack))
     for split in range(m.splits * part // m.parts, m.splits * (part + 1) // m.parts):
@@ -916,13 +918,20 @@ cdef void leaf_split_part(void *context, int part) noexcept nogil:
             counter_set(&m.failed, 1)
             break
         while stack.count:
-            stack.count -= 1
-            ref = stack.entries[stack.count].ref
-            if ref < 0:
-                m.leaf_split[~ref] = <uint8_t>split
-            elif stack_push(&stack, t.nodes[ref].child[1], 0) != 0 or stack_push(&stack, t.nodes[ref].child[0], 0) != 0:
-                counter_set(&m.failed, 1)
-                break
+            count = <int>min(stack.count, <int64_t>LABEL_GROUP)
+            stack.count -= count
+            for j in range(count):
+                refs[j] = stack.entries[stack.count + j].ref
+                if refs[j] >= 0:
+                    prefetch(&t.nodes[refs[j]])
+            for j in range(count):
+                if refs[j] < 0:
+                    m.leaf_split[~refs[j]] = <uint8_t>split
+                elif (stack_push(&stack, t.nodes[refs[j]].child[1], 0) != 0
+                        or stack_push(&stack, t.nodes[refs[j]].child[0], 0) != 0):
+                    counter_set(&m.failed, 1)
+                    stack_free(&stack)
+                    return
     stack_free(&stack)
 
 
