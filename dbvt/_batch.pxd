@@ -2,7 +2,7 @@
 # returning `int` return 0, or -1 when memory ran out (the caller raises MemoryError).
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 
-from dbvt._core cimport Batch, IdPair, PairBuffer, Query, TreeCore
+from dbvt._core cimport Batch, IdPair, PairBuffer, Query, QueryKind, TreeCore
 
 
 cdef void sort_int32(int32_t *items, int64_t n) noexcept nogil
@@ -25,5 +25,8 @@ cdef int run_segments(const TreeCore *t, Query *q, const float *rows, int64_t n,
                       int64_t *offsets, Batch *b) noexcept nogil
 cdef int run_frusta(const TreeCore *t, Query *q, const float *planes, int64_t n, int32_t k,
                     int64_t *offsets, Batch *b) noexcept nogil
+# Called for each pair of overlapping proxies (a, b), a < b; a non-zero return stops the walk.
+ctypedef int (*OverlapVisit)(void *context, int32_t a, int32_t b) noexcept nogil
+cdef int each_overlap(const TreeCore *t, QueryKind kind, OverlapVisit visit, void *context) noexcept nogil
 cdef int self_pairs(const TreeCore *t, PairBuffer *out, const uint32_t *groups,
                     const uint32_t *masks) noexcept nogil

@@ -7,8 +7,8 @@ from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcpy, memset
 
 from dbvt._core cimport (
-    HIT_LIMIT, PROXY_LIVE, QUERY_BOX, QUERY_FRUSTUM, QUERY_RAY, QUERY_SPHERE, Batch, Hits, IdPair, PairBuffer, Query,
-    RayHit, Stack, TreeCore, hits_free, load_box, pair_allowed, stack_free, walk,
+    HIT_LIMIT, PROXY_LIVE, QUERY_BOX, QUERY_FAT_BOX, QUERY_FRUSTUM, QUERY_RAY, QUERY_SPHERE, Batch, Hits, IdPair,
+    PairBuffer, Query, QueryKind, RayHit, Stack, TreeCore, hits_free, load_box, pair_allowed, stack_free, walk,
 )
 from dbvt._parallel cimport run_parts
 from dbvt._wide cimport wide_serves, wide_walk
@@ -598,43 +598,62 @@ cdef int run_frusta(const TreeCore *t, Query *q, const float *planes, int64_t n,
     return 0
 
 
-cdef int self_pairs(const TreeCore *t, PairBuffer *out, const uint32_t *groups,
-                    const uint32_t *masks) noexcept nogil:
-    """Every overlapping pair of tight boxes (that the broadphase's filter allows, when `groups`
-    and `masks` are given): one box query per proxy, kept when the partner has a higher index so
-    each pair is found once."""
+cdef int each_overlap(const TreeCore *t, QueryKind kind, OverlapVisit visit, void *context) noexcept nogil:
+    """visit(context, p, q) for every live proxy p and each proxy q > p whose box meets p's: their
+    tight boxes with kind QUERY_BOX, their fat boxes with QUERY_FAT_BOX. One walk per proxy. -1 when
+    memory ran out or a visit failed, else 0."""
     cdef Query q
     cdef Stack stack
     cdef Hits hits
-    cdef int32_t p, other
+    cdef int32_t p
     cdef int64_t i
     cdef int status = 0
-    stack.entries = NULL
-    stack.count = stack.capacity = 0
-    hits.proxies = NULL
-    hits.fractions = NULL
-    hits.count = hits.capacity = 0
-    q.kind = QUERY_BOX
+    memset(&stack, 0, sizeof(Stack))
+    memset(&hits, 0, sizeof(Hits))
+    q.kind = kind
     q.groups = NULL
     q.skip_flags = 0
     q.first_hit = False
     for p in range(t.proxy_capacity):
         if not (t.proxies[p].flags & PROXY_LIVE):
             continue
-        memcpy(q.box, t.proxies[p].tight, sizeof(q.box))
+        if kind == QUERY_FAT_BOX:
+            memcpy(q.box, t.proxies[p].fat, sizeof(q.box))
+        else:
+            memcpy(q.box, t.proxies[p].tight, sizeof(q.box))
         hits.count = 0
-        if walk(t, &q, &stack, &hits) != 0:
-            status = -1
-            break
+        status = walk(t, &q, &stack, &hits)
         for i in range(hits.count):
-            other = hits.proxies[i]
-            if other <= p or (groups != NULL and not pair_allowed(t, groups, masks, p, other)):
-                continue
-            if pairs_push(out, t.proxies[p].id, t.proxies[other].id) != 0:
-                status = -1
-                break
+            if status == 0 and hits.proxies[i] > p:
+                status = visit(context, p, hits.proxies[i])
+        if status != 0:
+            break
     stack_free(&stack)
     hits_free(&hits)
-    if status == 0:
-        sort_items(out.pairs, out.count)
-    return status
+    return -1 if status != 0 else 0
+
+
+ctypedef struct PairFilter:         # self_pairs' visit: where the pairs go, and the broadphase's filter
+    const TreeCore *t
+    PairBuffer *out
+    const uint32_t *groups
+    const uint32_t *masks
+
+
+cdef int push_allowed(void *context, int32_t a, int32_t b) noexcept nogil:
+    cdef PairFilter *f = <PairFilter *>context
+    if f.groups != NULL and not pair_allowed(f.t, f.groups, f.masks, a, b):
+        return 0
+    return pairs_push(f.out, f.t.proxies[a].id, f.t.proxies[b].id)
+
+
+cdef int self_pairs(const TreeCore *t, PairBuffer *out, const uint32_t *groups,
+                    const uint32_t *masks) noexcept nogil:
+    """Every overlapping pair of tight boxes (that the broadphase's filter allows, when `groups`
+    and `masks` are given), sorted."""
+    cdef PairFilter f
+    f.t, f.out, f.groups, f.masks = t, out, groups, masks
+    if each_overlap(t, QUERY_BOX, push_allowed, &f) != 0:
+        return -1
+    sort_items(out.pairs, out.count)
+    return 0

@@ -7,12 +7,12 @@ core_check also runs on data from from_bytes(), so every index is range-checked 
 from libc.float cimport FLT_MAX
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
-from libc.string cimport memcpy, memset
+from libc.string cimport memset
 
+from dbvt._batch cimport each_overlap
 from dbvt._core cimport (
-    NULL_REF, PROXY_LIVE, PROXY_SENSOR, PROXY_SENSOR_SPHERE, QUERY_FAT_BOX, Hits, Node, Proxy, Quad, Query, Stack,
-    TreeCore, box_contains, box_cost, boxes_overlap, core_find, hits_free, listed_allowed, ref_box, ref_height,
-    ref_parent, stack_free, union_box, walk,
+    NULL_REF, PROXY_LIVE, PROXY_SENSOR, PROXY_SENSOR_SPHERE, QUERY_FAT_BOX, Node, Proxy, Quad, TreeCore, box_contains,
+    box_cost, boxes_overlap, core_find, listed_allowed, ref_box, ref_height, ref_parent, union_box,
 )
 from dbvt._finding cimport reach_allows
 from dbvt._partners cimport INLINE_PARTNERS, TOUCHING, Partners, budgets_of, items_of, partners_find, tight_overlap
@@ -255,32 +255,24 @@ cdef const char *partners_check(const TreeCore *t, const Partners *partners, int
     return NULL
 
 
+ctypedef struct FatPairs:           # fat_pairs_count's visit: the filter, and the count
+    const TreeCore *t
+    const uint32_t *groups
+    const uint32_t *masks
+    int64_t count
+
+
+cdef int count_listed(void *context, int32_t a, int32_t b) noexcept nogil:
+    cdef FatPairs *f = <FatPairs *>context
+    f.count += listed_allowed(f.t, f.groups, f.masks, a, b) and reach_allows(f.t, a, b)
+    return 0
+
+
 cdef int64_t fat_pairs_count(const TreeCore *t, const uint32_t *groups, const uint32_t *masks) noexcept nogil:
     """The pairs of live proxies whose fat boxes overlap within reach and may pair, by a walk for
     each: what the lists hold when nothing is pending. -1 when memory ran out."""
-    cdef Query q
-    cdef Stack stack
-    cdef Hits hits
-    cdef int32_t proxy
-    cdef int64_t h, count = 0
-    memset(&stack, 0, sizeof(Stack))
-    memset(&hits, 0, sizeof(Hits))
-    q.kind = QUERY_FAT_BOX
-    q.groups = NULL
-    q.skip_flags = 0
-    q.first_hit = False
-    for proxy in range(t.proxy_capacity):
-        if not (t.proxies[proxy].flags & PROXY_LIVE):
-            continue
-        memcpy(q.box, t.proxies[proxy].fat, sizeof(q.box))
-        hits.count = 0
-        if walk(t, &q, &stack, &hits) != 0:
-            count = -1
-            break
-        for h in range(hits.count):
-            if (hits.proxies[h] > proxy and listed_allowed(t, groups, masks, proxy, hits.proxies[h])
-                    and reach_allows(t, proxy, hits.proxies[h])):
-                count += 1
-    stack_free(&stack)
-    hits_free(&hits)
-    return count
+    cdef FatPairs f
+    f.t, f.groups, f.masks, f.count = t, groups, masks, 0
+    if each_overlap(t, QUERY_FAT_BOX, count_listed, &f) != 0:
+        return -1
+    return f.count
