@@ -63,7 +63,6 @@ cdef enum:
     # refreshing a sensor's partners (a walk and a merge of hundreds) costs far more than carrying
     # the few more partners of a longer box, most of which its budgets pass over.
     SENSOR_PREDICTION_STEPS = 8
-    FRESH_FAT = PROXY_LIVE | PROXY_REFAT    # a live proxy whose partners stage 1 must find
     # A batch of this many moves (and no sensors in the world) edits the tree's subtrees on the
     # threads (core_move_split); with one thread it takes the same steps, so the tree is the same.
     MOVES_SPLIT_FROM = 65536
@@ -655,9 +654,10 @@ cdef class Broadphase(TreeBase):
         finder.sensors = self.sensor_count != 0
         self.sensor_edits.count = 0
         self.moved_sensors.count = 0
-        if on_threads and self.sensor_count == 0 and self.moved_count >= PICK_ON_THREADS_FROM:
-            if pick_moved(&self.core, self.moved, self.moved_count, self.threads, &picked) != 0:
-                return -1
+        if pick_moved(&self.core, self.moved, self.moved_count,
+                      self.threads if on_threads and self.moved_count >= PICK_ON_THREADS_FROM else 1,
+                      on_threads, &picked) != 0:
+            return -1
         status = self._refresh(&finder, &picked, ended)
         for m in range(self.moved_count if self.sensor_count else 0):
             if status == 0 and is_sensor(&self.core, self.moved[m]):
@@ -690,34 +690,13 @@ cdef class Broadphase(TreeBase):
         return status
 
     cdef int _refresh(self, const Finder *finder, const Picked *picked, PairBuffer *ended) noexcept nogil:
-        """Stage 1: the proxies with new fat boxes (`picked` already, or picked here) get their
+        """Stage 1: the proxies with new fat boxes (`picked`, those that are no sensors first) get their
         partners, found a packet of neighbours at a time when many refresh (see packet_order in
         _finding.pyx), on threads from FIND_ON_THREADS_FROM of them. The proxies that are no sensors
         are merged first, then the sensors (see _merge_partners)."""
-        cdef int32_t *owned = NULL
-        cdef int32_t *refat = picked.refat
-        cdef int64_t n = picked.refat_count, plain = picked.refat_count, m
-        cdef int status, sensors
-        if refat == NULL:
-            refat = owned = <int32_t *>malloc(max(self.moved_count, 1) * sizeof(int32_t))
-            if refat == NULL:
-                return -1
-        # Each kind ascending (the moved are sorted): a proxy listed twice is taken once.
-        for sensors in range(0 if owned == NULL else 2 if self.sensor_count else 1):
-            for m in range(self.moved_count):
-                if ((self.core.proxies[self.moved[m]].flags & FRESH_FAT) == FRESH_FAT
-                        and is_sensor(&self.core, self.moved[m]) == sensors
-                        and (m == 0 or self.moved[m - 1] != self.moved[m])):
-                    refat[n] = self.moved[m]
-                    n += 1
-            if not sensors:
-                plain = n
-        if self.threads > 1 and n >= FIND_ON_THREADS_FROM:
-            status = self._refresh_on_threads(finder, refat, plain, n, ended)
-        else:
-            status = self._refresh_here(finder, refat, plain, n, ended)
-        free(owned)
-        return status
+        if self.threads > 1 and picked.refat_count >= FIND_ON_THREADS_FROM:
+            return self._refresh_on_threads(finder, picked.refat, picked.refat_plain, picked.refat_count, ended)
+        return self._refresh_here(finder, picked.refat, picked.refat_plain, picked.refat_count, ended)
 
     cdef int _refresh_here(self, const Finder *finder, const int32_t *refat, int64_t plain, int64_t n,
                            PairBuffer *ended) noexcept nogil:
@@ -803,30 +782,19 @@ cdef class Broadphase(TreeBase):
         return status
 
     cdef int _retest_on_threads(self, const Picked *picked, PairBuffer *begun, PairBuffer *ended) noexcept nogil:
-        """Stage 2 for the moved proxies that are no sensors (`picked` already, or picked here), with
-        the changes found on the threads (retest_all). Without sensors, the threads make them too
-        (flip_all); with them, one thread makes them in the order it would take them (see _retest)."""
+        """Stage 2 for the moved proxies that are no sensors (`picked`), with the changes found on the
+        threads (retest_all). Without sensors, the threads make them too (flip_all); with them, one
+        thread makes them in the order it would take them (see _retest)."""
         cdef TreeCore *t = &self.core
-        cdef int32_t *owned = NULL
-        cdef int32_t *plain = picked.retest
+        cdef const int32_t *plain = picked.retest
         cdef int64_t n = picked.retest_count, m, c, r
-        cdef int32_t proxy, other, last
+        cdef int32_t other, last
         cdef int32_t *entry
         cdef const Retest *change
         cdef bint now
         cdef int status = 0, w
         cdef Retests found
         memset(&found, 0, sizeof(Retests))
-        if plain == NULL:
-            plain = owned = <int32_t *>malloc(max(self.moved_count, 1) * sizeof(int32_t))
-            if plain == NULL:
-                return -1
-        for m in range(self.moved_count if owned != NULL else 0):   # ascending: a proxy listed twice is taken once
-            proxy = self.moved[m]
-            if ((t.proxies[proxy].flags & (PROXY_LIVE | PROXY_MOVED)) == (PROXY_LIVE | PROXY_MOVED)
-                    and not is_sensor(t, proxy) and (n == 0 or plain[n - 1] != proxy)):
-                plain[n] = proxy
-                n += 1
         status = retest_all(t, self.partners, plain, n, self.threads, self.sensor_count == 0, &found)
         if status == 0 and self.sensor_count == 0:
             flip_all(t, self.partners, &found, plain, n)
@@ -837,7 +805,6 @@ cdef class Broadphase(TreeBase):
                 if status == 0:
                     status = pairs_extend(ended, &found.ended[w])
             retests_free(&found)
-            free(owned)
             return status
         # As _retest marks each proxy as it starts it: after a failure, those after it are left
         # moved, for the next update to re-test.
@@ -864,7 +831,6 @@ cdef class Broadphase(TreeBase):
             if plain[m] <= last:
                 t.proxies[plain[m]].flags = (t.proxies[plain[m]].flags & ~PROXY_MOVED) | PROXY_SEEN
         retests_free(&found)
-        free(owned)
         return status
 
     cdef void _flip_partner_sides(self) noexcept nogil:

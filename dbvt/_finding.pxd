@@ -139,14 +139,16 @@ cdef void found_free(Found *found) noexcept nogil
 cdef enum:
     PICK_ON_THREADS_FROM = 32768    # moved proxies from which pick_moved cuts its pass over the threads
 
-ctypedef struct Picked:             # the moved proxies each stage takes (pick_moved), ascending, each once
-    int32_t *refat                  # stage 1's: live, with new fat boxes...
+ctypedef struct Picked:             # the moved proxies each stage takes (pick_moved), each once
+    int32_t *refat                  # stage 1's: live, with new fat boxes; no sensors, then sensors...
+    int64_t refat_plain             # ...(this many no sensors)...
     int64_t refat_count
-    int32_t *retest                 # ...stage 2's: live and moved
+    int32_t *retest                 # ...stage 2's on threads: live and moved, no sensors; or NULL
     int64_t retest_count
 
 
-cdef int pick_moved(const TreeCore *t, const int32_t *moved, int64_t n, int threads, Picked *out) noexcept nogil
+cdef int pick_moved(const TreeCore *t, const int32_t *moved, int64_t n, int parts, bint retests,
+                    Picked *out) noexcept nogil
 cdef void picked_free(Picked *picked) noexcept nogil
 
 

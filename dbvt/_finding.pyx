@@ -372,8 +372,10 @@ ctypedef struct PickJob:
     const int32_t *moved
     int64_t n
     int parts
+    bint retests
     Picked *out
-    int64_t *counts                 # per part: its stage 1 picks, then its stage 2 picks
+    int32_t *sensors                # each part's stage 1 sensors, from its first row on
+    int64_t *counts                 # per part: its stage 1 proxies, sensors, and stage 2 proxies
 
 
 cdef inline int64_t run_start(const int32_t *moved, int64_t n, int part, int parts) noexcept nogil:
@@ -390,48 +392,67 @@ cdef void pick_part(void *context, int part) noexcept nogil:
     cdef PickJob *job = <PickJob *>context
     cdef const TreeCore *t = job.t
     cdef int64_t first = run_start(job.moved, job.n, part, job.parts)
-    cdef int64_t last = run_start(job.moved, job.n, part + 1, job.parts), i, refat = first, retest = first
+    cdef int64_t last = run_start(job.moved, job.n, part + 1, job.parts), i
+    cdef int64_t refat = first, sensors = first, retest = first
     cdef int32_t proxy
     cdef uint32_t flags
+    cdef bint fresh, sensor
     for i in range(first, last):
         proxy = job.moved[i]
         if i and job.moved[i - 1] == proxy:
             continue
         flags = t.proxies[proxy].flags
+        fresh = (flags & (PROXY_LIVE | PROXY_REFAT)) == (PROXY_LIVE | PROXY_REFAT)
+        sensor = (flags & PROXY_SENSOR) != 0
         job.out.refat[refat] = proxy
-        refat += (flags & (PROXY_LIVE | PROXY_REFAT)) == (PROXY_LIVE | PROXY_REFAT)
-        job.out.retest[retest] = proxy
-        retest += (flags & (PROXY_LIVE | PROXY_MOVED)) == (PROXY_LIVE | PROXY_MOVED)
-    job.counts[2 * part] = refat - first
-    job.counts[2 * part + 1] = retest - first
+        refat += fresh and not sensor
+        job.sensors[sensors] = proxy
+        sensors += fresh and sensor
+        if job.retests:
+            job.out.retest[retest] = proxy
+            retest += (flags & (PROXY_LIVE | PROXY_MOVED)) == (PROXY_LIVE | PROXY_MOVED) and not sensor
+    job.counts[3 * part] = refat - first
+    job.counts[3 * part + 1] = sensors - first
+    job.counts[3 * part + 2] = retest - first
 
 
-cdef int pick_moved(const TreeCore *t, const int32_t *moved, int64_t n, int threads, Picked *out) noexcept nogil:
-    """Both stages' proxies in a world without sensors, from `moved` (ascending): the live ones with new
-    fat boxes (stage 1), and the live ones still moved (stage 2), ascending and each once, in one
-    pass over their flags cut over the threads. Stage 1 leaves the flags stage 2 reads as they were.
-    On one thread, each stage picks its own as it starts: a pass over the flags of 100,000 moved
-    proxies, one cache line each, took some 0.7 ms, and two of them ran alone on the calling thread."""
+cdef int pick_moved(const TreeCore *t, const int32_t *moved, int64_t n, int parts, bint retests,
+                    Picked *out) noexcept nogil:
+    """The proxies each stage of an update takes from `moved` (ascending), each once and ascending by
+    kind: stage 1's, the live ones with new fat boxes, those that are no sensors first; with
+    `retests`, stage 2's for the threads, the live ones still moved that are no sensors. One pass
+    over their flags, cut into `parts` runs of the moved (one a thread): a pass over the flags of
+    100,000 moved proxies, a cache line each, took some 0.7 ms, and each stage made its own alone on
+    the calling thread. Stage 1 leaves the flags stage 2 reads as they were."""
     cdef PickJob job
     cdef int part
-    cdef int64_t refat = 0, retest = 0, first
+    cdef int64_t refat = 0, sensors = 0, retest = 0, first
     out.refat = <int32_t *>malloc(max(n, 1) * sizeof(int32_t))
-    out.retest = <int32_t *>malloc(max(n, 1) * sizeof(int32_t))
-    job.counts = <int64_t *>malloc(2 * threads * sizeof(int64_t))
-    if out.refat == NULL or out.retest == NULL or job.counts == NULL:
+    out.retest = <int32_t *>malloc(max(n, 1) * sizeof(int32_t)) if retests else NULL
+    job.sensors = <int32_t *>malloc(max(n, 1) * sizeof(int32_t))
+    job.counts = <int64_t *>malloc(3 * parts * sizeof(int64_t))
+    if out.refat == NULL or (retests and out.retest == NULL) or job.sensors == NULL or job.counts == NULL:
+        free(job.sensors)
         free(job.counts)
         picked_free(out)
         return -1
-    job.t, job.moved, job.n, job.parts, job.out = t, moved, n, threads, out
-    run_parts(pick_part, &job, threads)
-    for part in range(threads):
-        first = run_start(moved, n, part, threads)
-        memmove(out.refat + refat, out.refat + first, job.counts[2 * part] * sizeof(int32_t))
-        memmove(out.retest + retest, out.retest + first, job.counts[2 * part + 1] * sizeof(int32_t))
-        refat += job.counts[2 * part]
-        retest += job.counts[2 * part + 1]
-    out.refat_count = refat
+    job.t, job.moved, job.n, job.parts, job.retests, job.out = t, moved, n, parts, retests, out
+    run_parts(pick_part, &job, parts)
+    for part in range(parts):
+        first = run_start(moved, n, part, parts)
+        memmove(out.refat + refat, out.refat + first, job.counts[3 * part] * sizeof(int32_t))
+        refat += job.counts[3 * part]
+        if retests:
+            memmove(out.retest + retest, out.retest + first, job.counts[3 * part + 2] * sizeof(int32_t))
+            retest += job.counts[3 * part + 2]
+    out.refat_plain = refat
+    for part in range(parts):
+        first = run_start(moved, n, part, parts)
+        memcpy(out.refat + refat + sensors, job.sensors + first, job.counts[3 * part + 1] * sizeof(int32_t))
+        sensors += job.counts[3 * part + 1]
+    out.refat_count = refat + sensors
     out.retest_count = retest
+    free(job.sensors)
     free(job.counts)
     return 0
 

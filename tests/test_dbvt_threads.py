@@ -637,36 +637,42 @@ def test_a_large_batch_of_moves_edits_subtrees_on_threads_as_one_thread(dims):
         assert worlds[0].stats()["height"] <= 2 * math.log2(n)
 
 
-def test_both_stages_picked_at_once_on_threads_as_one_thread():
-    """From 32,768 moved proxies (and no sensors) the threads pick both stages' proxies in one pass over
-    their flags, each its own run of the moved, sorted: a slot listed twice (a proxy destroyed, and
-    a new one created in its slot) is taken once, a destroyed proxy not at all, and one that stayed
-    in its fat box only by stage 2. Updates, lists and trees are one thread's, and the pairs the
-    reference's."""
+@pytest.mark.parametrize("sensors", [False, True], ids=["no-sensors", "sensors"])
+def test_both_stages_picked_at_once_on_threads_as_one_thread(sensors):
+    """From 32,768 moved proxies the threads pick both stages' proxies in one pass over their flags,
+    each its own run of the moved, sorted: a slot listed twice (a proxy destroyed, and a new one
+    created in its slot) is taken once, a destroyed proxy not at all, one that stayed in its fat box
+    only by stage 2, and moving sensors by stage 1 after the other proxies, never by stage 2.
+    Updates, sensor events, lists and trees are one thread's, and the pairs the reference's."""
     n = 40_000
     world = W1World(n, 3, seed=37)
     rng = np.random.default_rng(37)
     boxes = world.boxes.astype(np.float32)
     ids = world.ids.copy()
+    centres = rng.uniform(boxes[:, :3].min(0), boxes[:, 3:].max(0), size=(30 if sensors else 0, 3))
+    sensor_ids = np.arange(2 * 10**12, 2 * 10**12 + len(centres), dtype=np.uint64)
     oracle = reference.Broadphase(dims=3)
     worlds = [dbvt.Broadphase(dims=3, threads=threads) for threads in (1, 2, 3)]
     for structure in (oracle, *worlds):
         structure.create(ids, boxes)
+        structure.create(sensor_ids, np.hstack([centres - 8, centres + 8]).astype(np.float32), sensor="sphere")
         structure.update()
     for step in range(3):
         boxes = boxes + rng.normal(0, 0.05 if step % 2 else 1.5, (n, 1)).astype(np.float32)
+        centres = centres + rng.normal(0, 2.0, centres.shape)
         gone = rng.choice(n, 400, replace=False)
         new_ids = np.arange(10**9 + 400 * step, 10**9 + 400 * (step + 1), dtype=np.uint64)
         answers = []
         for structure in (oracle, *worlds):
             structure.move(ids, boxes)
+            structure.move(sensor_ids, np.hstack([centres - 8, centres + 8]).astype(np.float32))
             structure.destroy(ids[gone[:200]])          # moved, then destroyed: no stage takes them
             structure.destroy(ids[gone[200:]])
             structure.create(new_ids[:200], boxes[gone[200:]])     # new ones in moved proxies' slots
-            answers.append(structure.update()[:2])
+            answers.append([*structure.update()[:2], *structure.sensor_events()])
         for got in answers[1:]:
-            for pairs, expected in zip(got, answers[0]):
-                np.testing.assert_array_equal(pairs, expected)
+            for rows, expected in zip(got, answers[0]):
+                np.testing.assert_array_equal(rows, expected)
         ids[gone[200:]] = new_ids[:200]
         for structure in (oracle, *worlds):
             structure.create(ids[gone[:200]] + np.uint64(10**12), boxes[gone[:200]])
@@ -675,6 +681,7 @@ def test_both_stages_picked_at_once_on_threads_as_one_thread():
         assert worlds[0].to_bytes() == worlds[1].to_bytes() == worlds[2].to_bytes()
     worlds[2].validate()
     np.testing.assert_array_equal(worlds[2].pairs(), oracle.pairs())
+    np.testing.assert_array_equal(worlds[2].sensor_pairs(), oracle.sensor_pairs())
 
 
 def test_a_large_batch_moving_a_fraction_of_the_world_labels_subtrees_by_climbing_as_one_thread():
