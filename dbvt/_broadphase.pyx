@@ -659,9 +659,10 @@ cdef class Broadphase(TreeBase):
                       on_threads, &picked) != 0:
             return -1
         status = self._refresh(&finder, &picked, ended)
-        for m in range(self.moved_count if self.sensor_count else 0):
-            if status == 0 and is_sensor(&self.core, self.moved[m]):
-                status = rows_push(&self.moved_sensors, self.core.proxies[self.moved[m]].id, <uint64_t>self.moved[m])
+        for m in range(picked.sensor_count):
+            if status == 0:
+                status = rows_push(&self.moved_sensors, self.core.proxies[picked.sensors[m]].id,
+                                   <uint64_t>picked.sensors[m])
         # Stage 2: the moved sensors first (_pass_sensors), their flips on their partners' side
         # gathered, then made with the lists fetched ahead (even after a failure, so that both sides
         # agree); then the other moved proxies, which see the flipped bits.

@@ -143,8 +143,10 @@ ctypedef struct Picked:             # the moved proxies each stage takes (pick_m
     int32_t *refat                  # stage 1's: live, with new fat boxes; no sensors, then sensors...
     int64_t refat_plain             # ...(this many no sensors)...
     int64_t refat_count
-    int32_t *retest                 # ...stage 2's on threads: live and moved, no sensors; or NULL
+    int32_t *retest                 # ...stage 2's on threads: live and moved, no sensors; or NULL...
     int64_t retest_count
+    int32_t *sensors                # ...and the moved sensors, whose passes stage 2 makes first
+    int64_t sensor_count
 
 
 cdef int pick_moved(const TreeCore *t, const int32_t *moved, int64_t n, int parts, bint retests,

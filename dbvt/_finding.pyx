@@ -375,7 +375,7 @@ ctypedef struct PickJob:
     bint retests
     Picked *out
     int32_t *sensors                # each part's stage 1 sensors, from its first row on
-    int64_t *counts                 # per part: its stage 1 proxies, sensors, and stage 2 proxies
+    int64_t *counts                 # per part: its stage 1 proxies, sensors, stage 2 proxies, moved sensors
 
 
 cdef inline int64_t run_start(const int32_t *moved, int64_t n, int part, int parts) noexcept nogil:
@@ -393,7 +393,7 @@ cdef void pick_part(void *context, int part) noexcept nogil:
     cdef const TreeCore *t = job.t
     cdef int64_t first = run_start(job.moved, job.n, part, job.parts)
     cdef int64_t last = run_start(job.moved, job.n, part + 1, job.parts), i
-    cdef int64_t refat = first, sensors = first, retest = first
+    cdef int64_t refat = first, sensors = first, retest = first, moving = first
     cdef int32_t proxy
     cdef uint32_t flags
     cdef bint fresh, sensor
@@ -408,30 +408,36 @@ cdef void pick_part(void *context, int part) noexcept nogil:
         refat += fresh and not sensor
         job.sensors[sensors] = proxy
         sensors += fresh and sensor
+        job.out.sensors[moving] = proxy
+        moving += sensor
         if job.retests:
             job.out.retest[retest] = proxy
             retest += (flags & (PROXY_LIVE | PROXY_MOVED)) == (PROXY_LIVE | PROXY_MOVED) and not sensor
-    job.counts[3 * part] = refat - first
-    job.counts[3 * part + 1] = sensors - first
-    job.counts[3 * part + 2] = retest - first
+    job.counts[4 * part] = refat - first
+    job.counts[4 * part + 1] = sensors - first
+    job.counts[4 * part + 2] = retest - first
+    job.counts[4 * part + 3] = moving - first
 
 
 cdef int pick_moved(const TreeCore *t, const int32_t *moved, int64_t n, int parts, bint retests,
                     Picked *out) noexcept nogil:
     """The proxies each stage of an update takes from `moved` (ascending), each once and ascending by
     kind: stage 1's, the live ones with new fat boxes, those that are no sensors first; with
-    `retests`, stage 2's for the threads, the live ones still moved that are no sensors. One pass
+    `retests`, stage 2's for the threads, the live ones still moved that are no sensors; and the
+    moved sensors, whose passes stage 2 makes first. One pass
     over their flags, cut into `parts` runs of the moved (one a thread): a pass over the flags of
     100,000 moved proxies, a cache line each, took some 0.7 ms, and each stage made its own alone on
     the calling thread. Stage 1 leaves the flags stage 2 reads as they were."""
     cdef PickJob job
     cdef int part
-    cdef int64_t refat = 0, sensors = 0, retest = 0, first
+    cdef int64_t refat = 0, sensors = 0, retest = 0, moving = 0, first
     out.refat = <int32_t *>malloc(max(n, 1) * sizeof(int32_t))
     out.retest = <int32_t *>malloc(max(n, 1) * sizeof(int32_t)) if retests else NULL
+    out.sensors = <int32_t *>malloc(max(n, 1) * sizeof(int32_t))
     job.sensors = <int32_t *>malloc(max(n, 1) * sizeof(int32_t))
-    job.counts = <int64_t *>malloc(3 * parts * sizeof(int64_t))
-    if out.refat == NULL or (retests and out.retest == NULL) or job.sensors == NULL or job.counts == NULL:
+    job.counts = <int64_t *>malloc(4 * parts * sizeof(int64_t))
+    if (out.refat == NULL or (retests and out.retest == NULL) or out.sensors == NULL or job.sensors == NULL
+            or job.counts == NULL):
         free(job.sensors)
         free(job.counts)
         picked_free(out)
@@ -440,18 +446,21 @@ cdef int pick_moved(const TreeCore *t, const int32_t *moved, int64_t n, int part
     run_parts(pick_part, &job, parts)
     for part in range(parts):
         first = run_start(moved, n, part, parts)
-        memmove(out.refat + refat, out.refat + first, job.counts[3 * part] * sizeof(int32_t))
-        refat += job.counts[3 * part]
+        memmove(out.refat + refat, out.refat + first, job.counts[4 * part] * sizeof(int32_t))
+        refat += job.counts[4 * part]
         if retests:
-            memmove(out.retest + retest, out.retest + first, job.counts[3 * part + 2] * sizeof(int32_t))
-            retest += job.counts[3 * part + 2]
+            memmove(out.retest + retest, out.retest + first, job.counts[4 * part + 2] * sizeof(int32_t))
+            retest += job.counts[4 * part + 2]
+        memmove(out.sensors + moving, out.sensors + first, job.counts[4 * part + 3] * sizeof(int32_t))
+        moving += job.counts[4 * part + 3]
     out.refat_plain = refat
     for part in range(parts):
         first = run_start(moved, n, part, parts)
-        memcpy(out.refat + refat + sensors, job.sensors + first, job.counts[3 * part + 1] * sizeof(int32_t))
-        sensors += job.counts[3 * part + 1]
+        memcpy(out.refat + refat + sensors, job.sensors + first, job.counts[4 * part + 1] * sizeof(int32_t))
+        sensors += job.counts[4 * part + 1]
     out.refat_count = refat + sensors
     out.retest_count = retest
+    out.sensor_count = moving
     free(job.sensors)
     free(job.counts)
     return 0
@@ -460,6 +469,7 @@ cdef int pick_moved(const TreeCore *t, const int32_t *moved, int64_t n, int part
 cdef void picked_free(Picked *picked) noexcept nogil:
     free(picked.refat)
     free(picked.retest)
+    free(picked.sensors)
     memset(picked, 0, sizeof(Picked))
 
 
