@@ -49,7 +49,7 @@ from dbvt._sensors cimport (
     SPHERE_TWO, SensorIndex, Shape, ball_holds, budget, grow_outward, index_bytes, index_free, index_init, index_note,
     index_note_room, index_update, move_drift, next_up, reach_cube, shape_of, shape_touches, sphere_two,
 )
-from dbvt._tree cimport TreeBase, pair_array, proxy_order
+from dbvt._tree cimport TreeBase, pair_array
 
 # pair tracking on, moved count, pending ended count, partner total, pending sensor leaves, sensor margin
 _STATE = struct.Struct("<qqqqqd")
@@ -380,13 +380,9 @@ cdef class Broadphase(TreeBase):
         undoing the move (at no cost beyond the copy: the proxies are in hand anyway)."""
         id_arr = validation.as_ids(ids)
         cdef const float[:, ::1] rows = validation.as_boxes(boxes, self.core.dims, len(id_arr), threads=self.threads)
-        proxy_arr = self._existing(id_arr, False)
+        proxy_arr, order_arr = self._in_edit_order(id_arr)
         cdef int32_t[::1] proxies = proxy_arr
-        cdef bint repeated
-        # In proxy order, which follows the tree's after a build: neighbouring edits share paths.
-        cdef int64_t[::1] order = proxy_order(proxy_arr, self.core.proxy_capacity, self.threads, &repeated)
-        if repeated:
-            self._existing(id_arr)      # raises, naming the first repeat
+        cdef int64_t[::1] order = order_arr
         cdef Py_ssize_t n = proxies.shape[0], i, row, k
         cdef int64_t refattened = 0
         cdef bint refat

@@ -6,7 +6,6 @@ from dbvt._core cimport PairBuffer, TreeCore
 
 
 cdef object pair_array(PairBuffer *buffer)
-cdef object proxy_order(const int32_t[::1] proxies, int32_t capacity, int threads, bint *repeated)
 
 
 cdef class TreeBase:
@@ -18,6 +17,7 @@ cdef class TreeBase:
 
     cdef void _refresh_wide(self, int64_t queries)
     cdef object _existing(self, object ids, bint distinct=*)
+    cdef tuple _in_edit_order(self, object ids)
     cdef object _check_new(self, object ids)
     cdef object _add(self, object ids, object boxes)
     cdef object _query_aabb(self, object boxes, uint32_t mask, const uint32_t *groups, uint32_t skip)

@@ -411,6 +411,18 @@ cdef class TreeBase:
             raise validation.unknown_id(bad, id_view[bad])
         return proxies
 
+    cdef tuple _in_edit_order(self, object ids):
+        """Proxy indices of `ids`, which must be present and distinct, and the rows in their proxies'
+        order, which follows the tree's after a build, so that neighbouring edits share paths. A
+        repeated id lies beside its first in that order: the ids are looked up without claims, and
+        again with them only to name the first repeat."""
+        cdef bint repeated
+        proxy_arr = self._existing(ids, False)
+        order = proxy_order(proxy_arr, self.core.proxy_capacity, self.threads, &repeated)
+        if repeated:
+            self._existing(ids)
+        return proxy_arr, order
+
     cdef object _check_new(self, object ids):
         """Raise unless `ids` are distinct and all absent: the first row (in row order) that repeats
         an earlier one or is present names the problem."""
@@ -760,13 +772,9 @@ cdef class Tree(TreeBase):
         """Give proxies new tight boxes; returns how many left their fat box (and got a new one)."""
         id_arr = validation.as_ids(ids)
         cdef const float[:, ::1] rows = validation.as_boxes(boxes, self.core.dims, len(id_arr), threads=self.threads)
-        proxy_arr = self._existing(id_arr, False)
+        proxy_arr, order_arr = self._in_edit_order(id_arr)
         cdef int32_t[::1] proxies = proxy_arr
-        cdef bint repeated
-        # In proxy order, which follows the tree's after a build: neighbouring edits share paths.
-        cdef int64_t[::1] order = proxy_order(proxy_arr, self.core.proxy_capacity, self.threads, &repeated)
-        if repeated:
-            self._existing(id_arr)      # raises, naming the first repeat
+        cdef int64_t[::1] order = order_arr
         cdef Py_ssize_t n = proxies.shape[0], i, row
         cdef int64_t moved = 0
         cdef float box[6]
