@@ -158,27 +158,29 @@ def _read_in_place(column: np.ndarray) -> bool:
 
 def test_query_answers_are_read_in_place_over_the_wire(client, mode, server):
     """Over gRPC the SDK's columns are views of the received answer (serialized.reader), sync and async;
-    the answers themselves are the same as Client.local()'s, which the other tests check."""
+    the answers themselves are the same as Client.local()'s, which the other tests check. The ids need
+    64 bits: hits sent in 32 (tests/test_narrow_ids.py) are widened, a copy."""
     if mode == "local":
         pytest.skip("Client.local() answers without serializing")
     boxes = np.array([[i, 0, 0, i + 1.5, 1, 1] for i in range(10)], np.float32)
+    ids = np.arange(10, dtype=np.uint64) + np.uint64(2**32)
 
     async def with_async():
         async with async_client(mode, server) as client:
             world = await client.create_world("in-place-async", dims=3)
-            await world.apply(create=(np.arange(10), boxes))
+            await world.apply(create=(ids, boxes))
             answer = await world.query_aabb(boxes[3:5])
             await client.delete_world("in-place-async")
             return answer
 
     world = client.create_world("in-place", dims=3)
-    world.apply(create=(np.arange(10), boxes))
+    world.apply(create=(ids, boxes))
     answers = [world.query_aabb(boxes[3:5]), world.raycast([[0, 0.5, 0.5, 3, 0.5, 0.5]]),
                world.query_nearest(boxes[:2, :3], k=2)]
     answers.append(asyncio.run(with_async()))
     for answer in answers:
         assert answer.hits.tolist() and all(_read_in_place(column) for column in answer), answer
-    assert answers[0].hits.tolist() == answers[3].hits.tolist() == [2, 3, 4, 3, 4, 5]
+    assert answers[0].hits.tolist() == answers[3].hits.tolist() == [2**32 + i for i in (2, 3, 4, 3, 4, 5)]
 
 
 def test_async_client_has_the_same_api(mode, server):

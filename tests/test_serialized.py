@@ -80,8 +80,9 @@ def test_answers_read_in_place_as_the_generated_message_reads_them(message_class
         values = {}
         for field in message_class.DESCRIPTOR.fields:
             if data.draw(st.booleans()):
-                values[field.name] = (data.draw(st.binary(max_size=40)) if field.type == field.TYPE_BYTES
-                                      else data.draw(st.integers(0, 2**64 - 1)))
+                values[field.name] = data.draw(st.binary(max_size=40) if field.type == field.TYPE_BYTES
+                                               else st.booleans() if field.type == field.TYPE_BOOL
+                                               else st.integers(0, 2**64 - 1))
         return values
 
     pieces = [message_class(**fields()).SerializeToString() for _ in range(data.draw(st.integers(1, 3)))]

@@ -31,7 +31,8 @@ def _ranges(count: int, row_bytes: int, max_message_bytes: int) -> list[tuple[in
 
 
 def _common(world: str, mask, include_sensors: bool = False) -> dict:
-    fields = {"world": world, "include_sensors": bool(include_sensors)}
+    # Every answer's hits are widened to uint64 here, so the server may send them in 32 bits.
+    fields = {"world": world, "include_sensors": bool(include_sensors), "narrow_ids": True}
     if mask is not None:
         mask = int(mask)
         if not 0 <= mask <= 0xFFFFFFFF:
@@ -42,8 +43,8 @@ def _common(world: str, mask, include_sensors: bool = False) -> dict:
 
 def _csr_plan(method: str, requests: list, count: int) -> Plan:
     def finish(response):
-        return Hits(*wire.decode_csr(response.offsets, response.hits, count), tick=response.tick,
-                    incarnation=response.incarnation)
+        offsets, hits = wire.decode_csr(response.offsets, response.hits, count, response.narrow_ids)
+        return Hits(offsets, hits, tick=response.tick, incarnation=response.incarnation)
 
     return Plan(method, requests, finish)
 
@@ -84,7 +85,7 @@ def _fractions_finish(count: int):
     """An answer with a fraction per hit (a raycast's, a cast's) as RayHits."""
 
     def finish(response):
-        offsets, hits = wire.decode_csr(response.offsets, response.hits, count)
+        offsets, hits = wire.decode_csr(response.offsets, response.hits, count, response.narrow_ids)
         return RayHits(offsets, hits, np.frombuffer(response.fractions, wire.FRACTIONS), tick=response.tick,
                        incarnation=response.incarnation)
 
@@ -113,7 +114,7 @@ def nearest(world: str, points, k, max_distance, mask, max_message_bytes: int, i
     requests = [pb.QueryNearestRequest(count=b - a, points=arr[a:b].tobytes(), **base) for a, b in ranges]
 
     def finish(response):
-        offsets, hits = wire.decode_csr(response.offsets, response.hits, len(arr))
+        offsets, hits = wire.decode_csr(response.offsets, response.hits, len(arr), response.narrow_ids)
         return NearestHits(offsets, hits, np.frombuffer(response.distances, wire.FLOATS), tick=response.tick,
                            incarnation=response.incarnation)
 

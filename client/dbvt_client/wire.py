@@ -12,6 +12,9 @@ import numpy as np
 from dbvt_client.errors import InvalidArgument
 
 IDS = np.dtype("<u8")
+# A query answer's hits where the answer sets narrow_ids: ids of 32 bits, half the bytes on the wire.
+NARROW_IDS = np.dtype("<u4")
+NARROW_IDS_MAX = 2**32 - 1
 FLOATS = np.dtype("<f4")
 OFFSETS = np.dtype("<i8")
 FRACTIONS = np.dtype("<f8")
@@ -92,6 +95,9 @@ def decode_rows(data: bytes, dtype: np.dtype, width: int, name: str) -> np.ndarr
     return np.frombuffer(data, dtype=dtype).reshape(-1, width)
 
 
-def decode_csr(offsets: bytes, hits: bytes, count: int) -> tuple[np.ndarray, np.ndarray]:
+def decode_csr(offsets: bytes, hits: bytes, count: int, narrow: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """A query answer's offsets and hits, the hits as uint64 ids whatever width they came in."""
     offsets_arr = decode(offsets, OFFSETS, (count + 1,), "offsets")
+    if narrow:
+        return offsets_arr, np.frombuffer(hits, dtype=NARROW_IDS).astype(IDS)
     return offsets_arr, np.frombuffer(hits, dtype=IDS)

@@ -14,6 +14,8 @@ per batch (never one per proxy):
   static     uint8 (0 or 1), one per row
   group/mask uint32 <u4, one per row
   offsets    int64 <i8, count+1 values: hits of query i are hits[offsets[i]:offsets[i+1]]
+  hits       uint64 <u8 ids; uint32 <u4 where a query's answer sets narrow_ids, which only a request
+             setting narrow_ids allows
   fractions  float64 <f8, one per hit
   pairs      uint64 <u8, rows (a, b) with a < b, sorted
 Every interval is closed, and every result is exact on the proxies' tight boxes.
@@ -690,6 +692,7 @@ class QueryAabbRequest(_message.Message):
     BOXES_FIELD_NUMBER: _builtins.int
     MASK_FIELD_NUMBER: _builtins.int
     INCLUDE_SENSORS_FIELD_NUMBER: _builtins.int
+    NARROW_IDS_FIELD_NUMBER: _builtins.int
     world: _builtins.str
     count: _builtins.int
     """Number of query boxes."""
@@ -697,6 +700,8 @@ class QueryAabbRequest(_message.Message):
     mask: _builtins.int
     include_sensors: _builtins.bool
     """Sensors are skipped unless this is set."""
+    narrow_ids: _builtins.bool
+    """The caller reads hits of 32 bits: the answer may then hold them so (narrow_ids)."""
     def __init__(
         self,
         *,
@@ -705,10 +710,11 @@ class QueryAabbRequest(_message.Message):
         boxes: _builtins.bytes = ...,
         mask: _builtins.int | None = ...,
         include_sensors: _builtins.bool = ...,
+        narrow_ids: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_mask", b"_mask", "mask", b"mask"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_mask", b"_mask", "boxes", b"boxes", "count", b"count", "include_sensors", b"include_sensors", "mask", b"mask", "world", b"world"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_mask", b"_mask", "boxes", b"boxes", "count", b"count", "include_sensors", b"include_sensors", "mask", b"mask", "narrow_ids", b"narrow_ids", "world", b"world"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__mask: _TypeAlias = _typing.Literal["mask"]  # noqa: Y015
     _WhichOneofArgType__mask: _TypeAlias = _typing.Literal["_mask", b"_mask"]  # noqa: Y015
@@ -724,11 +730,16 @@ class QueryAabbResponse(_message.Message):
     OFFSETS_FIELD_NUMBER: _builtins.int
     HITS_FIELD_NUMBER: _builtins.int
     INCARNATION_FIELD_NUMBER: _builtins.int
+    NARROW_IDS_FIELD_NUMBER: _builtins.int
     tick: _builtins.int
     """The tick the answer reflects."""
     offsets: _builtins.bytes
     hits: _builtins.bytes
     incarnation: _builtins.int
+    narrow_ids: _builtins.bool
+    """Set when the request allowed it and every hit's id is below 2^32: hits are then uint32 <u4,
+    half the bytes. Unset, they are uint64 <u8.
+    """
     def __init__(
         self,
         *,
@@ -736,10 +747,11 @@ class QueryAabbResponse(_message.Message):
         offsets: _builtins.bytes = ...,
         hits: _builtins.bytes = ...,
         incarnation: _builtins.int = ...,
+        narrow_ids: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["hits", b"hits", "incarnation", b"incarnation", "offsets", b"offsets", "tick", b"tick"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["hits", b"hits", "incarnation", b"incarnation", "narrow_ids", b"narrow_ids", "offsets", b"offsets", "tick", b"tick"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -755,6 +767,7 @@ class QuerySphereRequest(_message.Message):
     RADII_FIELD_NUMBER: _builtins.int
     MASK_FIELD_NUMBER: _builtins.int
     INCLUDE_SENSORS_FIELD_NUMBER: _builtins.int
+    NARROW_IDS_FIELD_NUMBER: _builtins.int
     world: _builtins.str
     count: _builtins.int
     centers: _builtins.bytes
@@ -762,6 +775,8 @@ class QuerySphereRequest(_message.Message):
     mask: _builtins.int
     include_sensors: _builtins.bool
     """Sensors are skipped unless this is set."""
+    narrow_ids: _builtins.bool
+    """The caller reads hits of 32 bits: the answer may then hold them so (narrow_ids)."""
     def __init__(
         self,
         *,
@@ -771,10 +786,11 @@ class QuerySphereRequest(_message.Message):
         radii: _builtins.bytes = ...,
         mask: _builtins.int | None = ...,
         include_sensors: _builtins.bool = ...,
+        narrow_ids: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_mask", b"_mask", "mask", b"mask"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_mask", b"_mask", "centers", b"centers", "count", b"count", "include_sensors", b"include_sensors", "mask", b"mask", "radii", b"radii", "world", b"world"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_mask", b"_mask", "centers", b"centers", "count", b"count", "include_sensors", b"include_sensors", "mask", b"mask", "narrow_ids", b"narrow_ids", "radii", b"radii", "world", b"world"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__mask: _TypeAlias = _typing.Literal["mask"]  # noqa: Y015
     _WhichOneofArgType__mask: _TypeAlias = _typing.Literal["_mask", b"_mask"]  # noqa: Y015
@@ -790,10 +806,15 @@ class QuerySphereResponse(_message.Message):
     OFFSETS_FIELD_NUMBER: _builtins.int
     HITS_FIELD_NUMBER: _builtins.int
     INCARNATION_FIELD_NUMBER: _builtins.int
+    NARROW_IDS_FIELD_NUMBER: _builtins.int
     tick: _builtins.int
     offsets: _builtins.bytes
     hits: _builtins.bytes
     incarnation: _builtins.int
+    narrow_ids: _builtins.bool
+    """Set when the request allowed it and every hit's id is below 2^32: hits are then uint32 <u4,
+    half the bytes. Unset, they are uint64 <u8.
+    """
     def __init__(
         self,
         *,
@@ -801,10 +822,11 @@ class QuerySphereResponse(_message.Message):
         offsets: _builtins.bytes = ...,
         hits: _builtins.bytes = ...,
         incarnation: _builtins.int = ...,
+        narrow_ids: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["hits", b"hits", "incarnation", b"incarnation", "offsets", b"offsets", "tick", b"tick"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["hits", b"hits", "incarnation", b"incarnation", "narrow_ids", b"narrow_ids", "offsets", b"offsets", "tick", b"tick"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -820,6 +842,7 @@ class RaycastRequest(_message.Message):
     MODE_FIELD_NUMBER: _builtins.int
     MASK_FIELD_NUMBER: _builtins.int
     INCLUDE_SENSORS_FIELD_NUMBER: _builtins.int
+    NARROW_IDS_FIELD_NUMBER: _builtins.int
     world: _builtins.str
     count: _builtins.int
     segments: _builtins.bytes
@@ -827,6 +850,8 @@ class RaycastRequest(_message.Message):
     mask: _builtins.int
     include_sensors: _builtins.bool
     """Sensors are skipped unless this is set."""
+    narrow_ids: _builtins.bool
+    """The caller reads hits of 32 bits: the answer may then hold them so (narrow_ids)."""
     def __init__(
         self,
         *,
@@ -836,10 +861,11 @@ class RaycastRequest(_message.Message):
         mode: Global___RaycastMode.ValueType = ...,
         mask: _builtins.int | None = ...,
         include_sensors: _builtins.bool = ...,
+        narrow_ids: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_mask", b"_mask", "mask", b"mask"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_mask", b"_mask", "count", b"count", "include_sensors", b"include_sensors", "mask", b"mask", "mode", b"mode", "segments", b"segments", "world", b"world"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_mask", b"_mask", "count", b"count", "include_sensors", b"include_sensors", "mask", b"mask", "mode", b"mode", "narrow_ids", b"narrow_ids", "segments", b"segments", "world", b"world"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__mask: _TypeAlias = _typing.Literal["mask"]  # noqa: Y015
     _WhichOneofArgType__mask: _TypeAlias = _typing.Literal["_mask", b"_mask"]  # noqa: Y015
@@ -856,12 +882,17 @@ class RaycastResponse(_message.Message):
     HITS_FIELD_NUMBER: _builtins.int
     FRACTIONS_FIELD_NUMBER: _builtins.int
     INCARNATION_FIELD_NUMBER: _builtins.int
+    NARROW_IDS_FIELD_NUMBER: _builtins.int
     tick: _builtins.int
     offsets: _builtins.bytes
     hits: _builtins.bytes
     fractions: _builtins.bytes
     """Entry fraction t in [0, 1] of each hit along its segment."""
     incarnation: _builtins.int
+    narrow_ids: _builtins.bool
+    """Set when the request allowed it and every hit's id is below 2^32: hits are then uint32 <u4,
+    half the bytes. Unset, they are uint64 <u8.
+    """
     def __init__(
         self,
         *,
@@ -870,10 +901,11 @@ class RaycastResponse(_message.Message):
         hits: _builtins.bytes = ...,
         fractions: _builtins.bytes = ...,
         incarnation: _builtins.int = ...,
+        narrow_ids: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["fractions", b"fractions", "hits", b"hits", "incarnation", b"incarnation", "offsets", b"offsets", "tick", b"tick"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fractions", b"fractions", "hits", b"hits", "incarnation", b"incarnation", "narrow_ids", b"narrow_ids", "offsets", b"offsets", "tick", b"tick"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -889,6 +921,7 @@ class QueryFrustumRequest(_message.Message):
     PLANES_FIELD_NUMBER: _builtins.int
     MASK_FIELD_NUMBER: _builtins.int
     INCLUDE_SENSORS_FIELD_NUMBER: _builtins.int
+    NARROW_IDS_FIELD_NUMBER: _builtins.int
     world: _builtins.str
     count: _builtins.int
     planes_per_query: _builtins.int
@@ -897,6 +930,8 @@ class QueryFrustumRequest(_message.Message):
     mask: _builtins.int
     include_sensors: _builtins.bool
     """Sensors are skipped unless this is set."""
+    narrow_ids: _builtins.bool
+    """The caller reads hits of 32 bits: the answer may then hold them so (narrow_ids)."""
     def __init__(
         self,
         *,
@@ -906,10 +941,11 @@ class QueryFrustumRequest(_message.Message):
         planes: _builtins.bytes = ...,
         mask: _builtins.int | None = ...,
         include_sensors: _builtins.bool = ...,
+        narrow_ids: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_mask", b"_mask", "mask", b"mask"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_mask", b"_mask", "count", b"count", "include_sensors", b"include_sensors", "mask", b"mask", "planes", b"planes", "planes_per_query", b"planes_per_query", "world", b"world"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_mask", b"_mask", "count", b"count", "include_sensors", b"include_sensors", "mask", b"mask", "narrow_ids", b"narrow_ids", "planes", b"planes", "planes_per_query", b"planes_per_query", "world", b"world"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__mask: _TypeAlias = _typing.Literal["mask"]  # noqa: Y015
     _WhichOneofArgType__mask: _TypeAlias = _typing.Literal["_mask", b"_mask"]  # noqa: Y015
@@ -925,10 +961,15 @@ class QueryFrustumResponse(_message.Message):
     OFFSETS_FIELD_NUMBER: _builtins.int
     HITS_FIELD_NUMBER: _builtins.int
     INCARNATION_FIELD_NUMBER: _builtins.int
+    NARROW_IDS_FIELD_NUMBER: _builtins.int
     tick: _builtins.int
     offsets: _builtins.bytes
     hits: _builtins.bytes
     incarnation: _builtins.int
+    narrow_ids: _builtins.bool
+    """Set when the request allowed it and every hit's id is below 2^32: hits are then uint32 <u4,
+    half the bytes. Unset, they are uint64 <u8.
+    """
     def __init__(
         self,
         *,
@@ -936,10 +977,11 @@ class QueryFrustumResponse(_message.Message):
         offsets: _builtins.bytes = ...,
         hits: _builtins.bytes = ...,
         incarnation: _builtins.int = ...,
+        narrow_ids: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["hits", b"hits", "incarnation", b"incarnation", "offsets", b"offsets", "tick", b"tick"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["hits", b"hits", "incarnation", b"incarnation", "narrow_ids", b"narrow_ids", "offsets", b"offsets", "tick", b"tick"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1438,6 +1480,7 @@ class QueryNearestRequest(_message.Message):
     MAX_DISTANCE_FIELD_NUMBER: _builtins.int
     MASK_FIELD_NUMBER: _builtins.int
     INCLUDE_SENSORS_FIELD_NUMBER: _builtins.int
+    NARROW_IDS_FIELD_NUMBER: _builtins.int
     world: _builtins.str
     count: _builtins.int
     """Number of points."""
@@ -1448,6 +1491,8 @@ class QueryNearestRequest(_message.Message):
     """No farther than this (closed); unset means no limit."""
     mask: _builtins.int
     include_sensors: _builtins.bool
+    narrow_ids: _builtins.bool
+    """The caller reads hits of 32 bits: the answer may then hold them so (narrow_ids)."""
     def __init__(
         self,
         *,
@@ -1458,10 +1503,11 @@ class QueryNearestRequest(_message.Message):
         max_distance: _builtins.float | None = ...,
         mask: _builtins.int | None = ...,
         include_sensors: _builtins.bool = ...,
+        narrow_ids: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_mask", b"_mask", "_max_distance", b"_max_distance", "mask", b"mask", "max_distance", b"max_distance"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_mask", b"_mask", "_max_distance", b"_max_distance", "count", b"count", "include_sensors", b"include_sensors", "k", b"k", "mask", b"mask", "max_distance", b"max_distance", "points", b"points", "world", b"world"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_mask", b"_mask", "_max_distance", b"_max_distance", "count", b"count", "include_sensors", b"include_sensors", "k", b"k", "mask", b"mask", "max_distance", b"max_distance", "narrow_ids", b"narrow_ids", "points", b"points", "world", b"world"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__mask: _TypeAlias = _typing.Literal["mask"]  # noqa: Y015
     _WhichOneofArgType__mask: _TypeAlias = _typing.Literal["_mask", b"_mask"]  # noqa: Y015
@@ -1483,6 +1529,7 @@ class QueryNearestResponse(_message.Message):
     OFFSETS_FIELD_NUMBER: _builtins.int
     HITS_FIELD_NUMBER: _builtins.int
     DISTANCES_FIELD_NUMBER: _builtins.int
+    NARROW_IDS_FIELD_NUMBER: _builtins.int
     tick: _builtins.int
     incarnation: _builtins.int
     offsets: _builtins.bytes
@@ -1490,6 +1537,10 @@ class QueryNearestResponse(_message.Message):
     """By distance, then id."""
     distances: _builtins.bytes
     """float32 <f4, the distance of each hit."""
+    narrow_ids: _builtins.bool
+    """Set when the request allowed it and every hit's id is below 2^32: hits are then uint32 <u4,
+    half the bytes. Unset, they are uint64 <u8.
+    """
     def __init__(
         self,
         *,
@@ -1498,10 +1549,11 @@ class QueryNearestResponse(_message.Message):
         offsets: _builtins.bytes = ...,
         hits: _builtins.bytes = ...,
         distances: _builtins.bytes = ...,
+        narrow_ids: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["distances", b"distances", "hits", b"hits", "incarnation", b"incarnation", "offsets", b"offsets", "tick", b"tick"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["distances", b"distances", "hits", b"hits", "incarnation", b"incarnation", "narrow_ids", b"narrow_ids", "offsets", b"offsets", "tick", b"tick"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1518,6 +1570,7 @@ class CastBoxRequest(_message.Message):
     FIRST_HIT_FIELD_NUMBER: _builtins.int
     MASK_FIELD_NUMBER: _builtins.int
     INCLUDE_SENSORS_FIELD_NUMBER: _builtins.int
+    NARROW_IDS_FIELD_NUMBER: _builtins.int
     world: _builtins.str
     count: _builtins.int
     boxes: _builtins.bytes
@@ -1527,6 +1580,8 @@ class CastBoxRequest(_message.Message):
     """At most the first hit per cast (smallest t, then smallest id)."""
     mask: _builtins.int
     include_sensors: _builtins.bool
+    narrow_ids: _builtins.bool
+    """The caller reads hits of 32 bits: the answer may then hold them so (narrow_ids)."""
     def __init__(
         self,
         *,
@@ -1537,10 +1592,11 @@ class CastBoxRequest(_message.Message):
         first_hit: _builtins.bool = ...,
         mask: _builtins.int | None = ...,
         include_sensors: _builtins.bool = ...,
+        narrow_ids: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_mask", b"_mask", "mask", b"mask"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_mask", b"_mask", "boxes", b"boxes", "count", b"count", "displacements", b"displacements", "first_hit", b"first_hit", "include_sensors", b"include_sensors", "mask", b"mask", "world", b"world"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_mask", b"_mask", "boxes", b"boxes", "count", b"count", "displacements", b"displacements", "first_hit", b"first_hit", "include_sensors", b"include_sensors", "mask", b"mask", "narrow_ids", b"narrow_ids", "world", b"world"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__mask: _TypeAlias = _typing.Literal["mask"]  # noqa: Y015
     _WhichOneofArgType__mask: _TypeAlias = _typing.Literal["_mask", b"_mask"]  # noqa: Y015
@@ -1557,6 +1613,7 @@ class CastBoxResponse(_message.Message):
     OFFSETS_FIELD_NUMBER: _builtins.int
     HITS_FIELD_NUMBER: _builtins.int
     FRACTIONS_FIELD_NUMBER: _builtins.int
+    NARROW_IDS_FIELD_NUMBER: _builtins.int
     tick: _builtins.int
     incarnation: _builtins.int
     offsets: _builtins.bytes
@@ -1564,6 +1621,10 @@ class CastBoxResponse(_message.Message):
     """By t, then id."""
     fractions: _builtins.bytes
     """float64 <f8: the t of each hit, 0 when touching at the start."""
+    narrow_ids: _builtins.bool
+    """Set when the request allowed it and every hit's id is below 2^32: hits are then uint32 <u4,
+    half the bytes. Unset, they are uint64 <u8.
+    """
     def __init__(
         self,
         *,
@@ -1572,10 +1633,11 @@ class CastBoxResponse(_message.Message):
         offsets: _builtins.bytes = ...,
         hits: _builtins.bytes = ...,
         fractions: _builtins.bytes = ...,
+        narrow_ids: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["fractions", b"fractions", "hits", b"hits", "incarnation", b"incarnation", "offsets", b"offsets", "tick", b"tick"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fractions", b"fractions", "hits", b"hits", "incarnation", b"incarnation", "narrow_ids", b"narrow_ids", "offsets", b"offsets", "tick", b"tick"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1593,6 +1655,7 @@ class CastSphereRequest(_message.Message):
     FIRST_HIT_FIELD_NUMBER: _builtins.int
     MASK_FIELD_NUMBER: _builtins.int
     INCLUDE_SENSORS_FIELD_NUMBER: _builtins.int
+    NARROW_IDS_FIELD_NUMBER: _builtins.int
     world: _builtins.str
     count: _builtins.int
     centers: _builtins.bytes
@@ -1601,6 +1664,8 @@ class CastSphereRequest(_message.Message):
     first_hit: _builtins.bool
     mask: _builtins.int
     include_sensors: _builtins.bool
+    narrow_ids: _builtins.bool
+    """The caller reads hits of 32 bits: the answer may then hold them so (narrow_ids)."""
     def __init__(
         self,
         *,
@@ -1612,10 +1677,11 @@ class CastSphereRequest(_message.Message):
         first_hit: _builtins.bool = ...,
         mask: _builtins.int | None = ...,
         include_sensors: _builtins.bool = ...,
+        narrow_ids: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_mask", b"_mask", "mask", b"mask"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_mask", b"_mask", "centers", b"centers", "count", b"count", "displacements", b"displacements", "first_hit", b"first_hit", "include_sensors", b"include_sensors", "mask", b"mask", "radii", b"radii", "world", b"world"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_mask", b"_mask", "centers", b"centers", "count", b"count", "displacements", b"displacements", "first_hit", b"first_hit", "include_sensors", b"include_sensors", "mask", b"mask", "narrow_ids", b"narrow_ids", "radii", b"radii", "world", b"world"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__mask: _TypeAlias = _typing.Literal["mask"]  # noqa: Y015
     _WhichOneofArgType__mask: _TypeAlias = _typing.Literal["_mask", b"_mask"]  # noqa: Y015
@@ -1632,11 +1698,16 @@ class CastSphereResponse(_message.Message):
     OFFSETS_FIELD_NUMBER: _builtins.int
     HITS_FIELD_NUMBER: _builtins.int
     FRACTIONS_FIELD_NUMBER: _builtins.int
+    NARROW_IDS_FIELD_NUMBER: _builtins.int
     tick: _builtins.int
     incarnation: _builtins.int
     offsets: _builtins.bytes
     hits: _builtins.bytes
     fractions: _builtins.bytes
+    narrow_ids: _builtins.bool
+    """Set when the request allowed it and every hit's id is below 2^32: hits are then uint32 <u4,
+    half the bytes. Unset, they are uint64 <u8.
+    """
     def __init__(
         self,
         *,
@@ -1645,10 +1716,11 @@ class CastSphereResponse(_message.Message):
         offsets: _builtins.bytes = ...,
         hits: _builtins.bytes = ...,
         fractions: _builtins.bytes = ...,
+        narrow_ids: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["fractions", b"fractions", "hits", b"hits", "incarnation", b"incarnation", "offsets", b"offsets", "tick", b"tick"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fractions", b"fractions", "hits", b"hits", "incarnation", b"incarnation", "narrow_ids", b"narrow_ids", "offsets", b"offsets", "tick", b"tick"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

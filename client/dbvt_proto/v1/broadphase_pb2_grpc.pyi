@@ -14,6 +14,8 @@ per batch (never one per proxy):
   static     uint8 (0 or 1), one per row
   group/mask uint32 <u4, one per row
   offsets    int64 <i8, count+1 values: hits of query i are hits[offsets[i]:offsets[i+1]]
+  hits       uint64 <u8 ids; uint32 <u4 where a query's answer sets narrow_ids, which only a request
+             setting narrow_ids allows
   fractions  float64 <f8, one per hit
   pairs      uint64 <u8, rows (a, b) with a < b, sorted
 Every interval is closed, and every result is exact on the proxies' tight boxes.
