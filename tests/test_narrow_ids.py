@@ -1,6 +1,6 @@
-"""Query answers' hits in 32 bits: half the bytes where every hit's id fits, and only for a request that
-allows it (the SDK's do; a client that does not gets uint64 ids as before). The SDK gives uint64 ids
-either way, the same as dbvt.reference's."""
+"""Ids in 32 bits: a query's hits, a batch's result and the pair dumps take half the bytes where every
+id of the answer fits, and only for a request that allows it (the SDK's do; a client that does not
+gets uint64 ids as before). The SDK gives uint64 ids either way, the same as dbvt.reference's."""
 from __future__ import annotations
 
 import grpc
@@ -9,6 +9,7 @@ import pytest
 
 from dbvt import reference
 from dbvt_client import Client, queries
+from dbvt_proto.v1 import broadphase_pb2 as pb
 from dbvt_proto.v1 import broadphase_pb2_grpc as pb_grpc
 from servers import ServerThread
 
@@ -97,3 +98,95 @@ def test_the_sdk_gives_uint64_ids_either_way(server, world):
             got, want = ask(remote), ask(expected)
             assert got.hits.dtype == np.uint64, kind
             assert got.hits.tolist() == want[1].tolist() and got.offsets.tolist() == want[0].tolist(), kind
+
+
+# A box over the first four of BOXES, and one over all eight.
+OVER_FOUR = np.array([[0, 0, 0, 3.5, 1, 1]], np.float32)
+OVER_ALL = np.array([[0, 0, 0, 7.5, 1, 1]], np.float32)
+
+
+def _batch(ids, boxes=None, destroy=False) -> pb.Batch:
+    ids = np.asarray(ids, "<u8").tobytes()
+    return pb.Batch(destroy_ids=ids) if destroy else pb.Batch(create_ids=ids, create_boxes=boxes.tobytes())
+
+
+@pytest.mark.parametrize("kind", sorted(IDS))
+def test_batch_results_and_pair_dumps_send_ids_in_32_bits_only_where_asked_and_every_id_fits(server, kind):
+    """A world of BOXES and a box over them all: its pairs (in the batch's result, in GetPairs, in an
+    Overlap with the world itself, and with a sensor in GetSensorPairs) fit in 32 bits in the narrow
+    world only; the answers' rows are the same either way."""
+    name, extra = f"batches-{kind}", int(IDS[kind][0]) - 1
+    with Client(server.target) as client:
+        client.create_world(name, dims=3).apply(create=(IDS[kind], BOXES))
+    width = 4 if kind == "narrow" else 8
+    with grpc.insecure_channel(server.target) as channel:
+        stub = pb_grpc.BroadphaseServiceStub(channel)
+        answers = [list(stub.ApplyBatch(pb.ApplyBatchRequest(world=name, batch=_batch([extra], OVER_ALL),
+                                                             narrow_ids=True)))[0].result]
+        requests = [pb.StreamBatchesRequest(world=name, sequence=1, batch=_batch([extra], destroy=True)),
+                    pb.StreamBatchesRequest(world=name, sequence=2, batch=_batch([extra], OVER_ALL), narrow_ids=True)]
+        answers += [response.result for response in stub.StreamBatches(iter(requests))]
+        assert [len(a.ended) for a in answers] == [0, 8 * 2 * 8, 0] and not answers[1].narrow_ids
+        assert len(answers[2].begun) == 8 * 2 * width and answers[2].narrow_ids == (kind == "narrow")
+        assert len(answers[0].begun) == 8 * 2 * width and answers[0].narrow_ids == (kind == "narrow")
+        for method, request in (("GetPairs", pb.GetPairsRequest(world=name)),
+                                ("Overlap", pb.OverlapRequest(world_a=name, world_b=name))):
+            call = getattr(stub, method)
+            wide = list(call(request))[0]
+            request.narrow_ids = True
+            asked = list(call(request))[0]
+            assert not wide.narrow_ids and asked.narrow_ids == (kind == "narrow"), method
+            rows = (8 if method == "GetPairs" else 8 + 2 * 8 + 1) * 2
+            assert (len(wide.pairs), len(asked.pairs)) == (rows * 8, rows * width), method
+            widened = np.frombuffer(asked.pairs, "<u4" if asked.narrow_ids else "<u8").astype(np.uint64)
+            assert widened.tolist() == np.frombuffer(wide.pairs, "<u8").tolist(), method
+        list(stub.ApplyBatch(pb.ApplyBatchRequest(world=name, batch=pb.Batch(
+            create_ids=np.array([IDS[kind][-1] + 1], "<u8").tobytes(), create_boxes=OVER_ALL.tobytes(),
+            create_sensor=np.array([1], "u1").tobytes()))))
+        sensed = [list(stub.GetSensorPairs(pb.GetSensorPairsRequest(world=name, narrow_ids=narrow)))[0]
+                  for narrow in (False, True)]
+        assert [len(s.pairs) for s in sensed] == [9 * 2 * 8, 9 * 2 * width]
+        assert not sensed[0].narrow_ids and sensed[1].narrow_ids == (kind == "narrow")
+
+
+def test_a_result_is_narrow_when_its_own_ids_fit_whatever_the_world_holds(server):
+    """In the wide world, a box over the four boxes whose ids fit (the largest 2^32 - 1), with an id
+    that fits too: its pairs come in 32 bits."""
+    name = "batches-boundary"
+    with Client(server.target) as client:
+        client.create_world(name, dims=3).apply(create=(IDS["wide"], BOXES))
+    with grpc.insecure_channel(server.target) as channel:
+        request = pb.ApplyBatchRequest(world=name, batch=_batch([WIDE - 5], OVER_FOUR), narrow_ids=True)
+        (answer,) = pb_grpc.BroadphaseServiceStub(channel).ApplyBatch(request)
+    assert answer.result.narrow_ids and len(answer.result.begun) == 4 * 2 * 4
+    assert np.frombuffer(answer.result.begun, "<u4").reshape(-1, 2).tolist() == [[WIDE - 5, i] for i in
+                                                                                    range(WIDE - 4, WIDE)]
+
+
+@pytest.mark.parametrize("kind", sorted(IDS))
+def test_the_sdk_gives_uint64_pairs_either_way(server, kind):
+    """The SDK's batch results (applied whole and streamed), pairs, sensor pairs and overlaps, against
+    dbvt.reference."""
+    name, extra = f"sdk-{kind}", int(IDS[kind][0]) - 1
+    expected = _reference(kind)
+    with Client(server.target) as client:
+        world = client.create_world(name, dims=3)
+        world.apply(create=(IDS[kind], BOXES))
+        got = [world.apply(create=([extra], OVER_ALL))]
+        expected.create([extra], OVER_ALL)
+        want = [expected.update()]
+        with world.stream() as stream:
+            got.append(stream.apply(destroy=[extra]))
+            got.append(stream.apply(create=([extra], OVER_ALL), sensor="sphere"))
+        expected.destroy([extra])
+        want.append(expected.update())
+        expected.create([extra], OVER_ALL, sensor="sphere")
+        want.append(expected.update())
+        for result, (begun, ended) in zip(got, want):
+            assert result.begun.dtype == result.ended.dtype == result.entered.dtype == np.uint64
+            assert result.begun.tolist() == begun.tolist() and result.ended.tolist() == ended.tolist()
+        assert len(got[2].entered) == 2 and got[2].entered.tolist() == expected.sensor_events()[0].tolist()
+        assert world.pairs().dtype == np.uint64 and world.pairs().tolist() == expected.pairs().tolist()
+        assert world.sensor_pairs().tolist() == expected.sensor_pairs().tolist()
+        crossings = client.overlap(name, name).pairs       # each box with itself: overlaps skip sensors
+        assert crossings.dtype == np.uint64 and crossings.tolist() == [[i, i] for i in IDS[kind].tolist()]

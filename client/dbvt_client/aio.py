@@ -185,7 +185,7 @@ class AsyncWorld:
         ops = batches.encode(create, move, destroy, static, group, mask, sensor)
         parts = batches.split(ops, await self._client.max_message_bytes(), expected_tick)
         if len(parts) == 1:
-            request = pb.ApplyBatchRequest(world=self.name, batch=batches.batch_message(parts[0]))
+            request = batches.apply_request(self.name, parts[0])
             return batches.decode_result((await self._client._transport.unary("ApplyBatch", request)).result)
         async with self.stream() as stream:
             return await stream._apply_parts(parts)

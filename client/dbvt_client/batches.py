@@ -172,6 +172,11 @@ def split(ops: list[list[_Column]], max_message_bytes: int, expected_tick: int |
     return parts
 
 
+def apply_request(world: str, part: dict) -> pb.ApplyBatchRequest:
+    """An ApplyBatch call's request for a batch of `split` (its result read by decode_result)."""
+    return pb.ApplyBatchRequest(world=world, batch=batch_message(part), narrow_ids=True)
+
+
 def batch_message(part: dict) -> pb.Batch:
     """A batch of `split` as its generated message."""
     return pb.Batch(**{field: value.tobytes() if isinstance(value, np.ndarray) else value
@@ -179,19 +184,22 @@ def batch_message(part: dict) -> pb.Batch:
 
 
 def decode_result(result: pb.BatchResult) -> BatchResult:
+    narrow = result.narrow_ids
     return BatchResult(tick=result.tick,
-                       begun=wire.decode_rows(result.begun, wire.IDS, 2, "begun").copy(),
-                       ended=wire.decode_rows(result.ended, wire.IDS, 2, "ended").copy(),
+                       begun=wire.decode_id_rows(result.begun, narrow, "begun"),
+                       ended=wire.decode_id_rows(result.ended, narrow, "ended"),
                        incarnation=result.incarnation,
-                       entered=wire.decode_rows(result.entered, wire.IDS, 2, "entered").copy(),
-                       left=wire.decode_rows(result.left, wire.IDS, 2, "left").copy())
+                       entered=wire.decode_id_rows(result.entered, narrow, "entered"),
+                       left=wire.decode_id_rows(result.left, narrow, "left"))
 
 
 def stream_requests(world: str, sequence: int, parts: list[dict]) -> list[bytes]:
     """The stream's messages of a batch cut by `split`, serialized: each column copied once, straight
-    into its message (dbvt_client.serialized); the transports send them as they are."""
+    into its message (dbvt_client.serialized); the transports send them as they are. Results are read
+    by decode_result, which widens ids sent in 32 bits: each message allows them."""
     last = len(parts) - 1
-    return [serialized(pb.StreamBatchesRequest, world=world, sequence=sequence, batch=part, more_parts=i < last)
+    return [serialized(pb.StreamBatchesRequest, world=world, sequence=sequence, batch=part, more_parts=i < last,
+                       narrow_ids=True)
             for i, part in enumerate(parts)]
 
 

@@ -197,8 +197,7 @@ class World:
         parts = batches.split(ops, self._client.max_message_bytes(), expected_tick)
         transport = self._client._transport
         if len(parts) == 1:
-            request = pb.ApplyBatchRequest(world=self.name, batch=batches.batch_message(parts[0]))
-            response = transport.unary("ApplyBatch", request)
+            response = transport.unary("ApplyBatch", batches.apply_request(self.name, parts[0]))
             return batches.decode_result(response.result)
         with self.stream() as stream:
             return stream._apply_parts(parts)

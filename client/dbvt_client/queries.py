@@ -153,27 +153,26 @@ def cast_sphere(world: str, centers, radii, displacements, first_hit: bool, mask
 
 
 def overlap(world_a: str, world_b: str, mask_a, mask_b, include_sensors: bool) -> Plan:
-    request = pb.OverlapRequest(world_a=world_a, world_b=world_b, include_sensors=bool(include_sensors))
+    request = pb.OverlapRequest(world_a=world_a, world_b=world_b, include_sensors=bool(include_sensors),
+                                narrow_ids=True)
     for field, mask in (("mask_a", mask_a), ("mask_b", mask_b)):
         if mask is not None:
             setattr(request, field, _common("", mask)["mask"])
 
     def finish(response):
-        return Crossings(wire.decode_rows(response.pairs, wire.IDS, 2, "pairs").copy(), response.tick_a,
+        return Crossings(wire.decode_id_rows(response.pairs, response.narrow_ids, "pairs"), response.tick_a,
                          response.tick_b, response.incarnation_a, response.incarnation_b)
 
     return Plan("Overlap", [request], finish)
 
 
-def pairs(world: str) -> Plan:
-    def finish(response):
-        return wire.decode_rows(response.pairs, wire.IDS, 2, "pairs").copy()
+def _pairs_finish(response):
+    return wire.decode_id_rows(response.pairs, response.narrow_ids, "pairs")
 
-    return Plan("GetPairs", [pb.GetPairsRequest(world=world)], finish)
+
+def pairs(world: str) -> Plan:
+    return Plan("GetPairs", [pb.GetPairsRequest(world=world, narrow_ids=True)], _pairs_finish)
 
 
 def sensor_pairs(world: str) -> Plan:
-    def finish(response):
-        return wire.decode_rows(response.pairs, wire.IDS, 2, "pairs").copy()
-
-    return Plan("GetSensorPairs", [pb.GetSensorPairsRequest(world=world)], finish)
+    return Plan("GetSensorPairs", [pb.GetSensorPairsRequest(world=world, narrow_ids=True)], _pairs_finish)

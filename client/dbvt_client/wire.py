@@ -95,6 +95,13 @@ def decode_rows(data: bytes, dtype: np.dtype, width: int, name: str) -> np.ndarr
     return np.frombuffer(data, dtype=dtype).reshape(-1, width)
 
 
+def decode_id_rows(data: bytes, narrow: bool, name: str) -> np.ndarray:
+    """Rows of two ids (pairs, or [sensor, proxy]) as a uint64 array of the caller's own, whatever width
+    they came in."""
+    rows = decode_rows(data, NARROW_IDS if narrow else IDS, 2, name)
+    return rows.astype(IDS)
+
+
 def decode_csr(offsets: bytes, hits: bytes, count: int, narrow: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """A query answer's offsets and hits, the hits as uint64 ids whatever width they came in."""
     offsets_arr = decode(offsets, OFFSETS, (count + 1,), "offsets")

@@ -114,7 +114,7 @@ class LocalTransport:
             if batch is None:
                 return None
             with self._lock:
-                result = self.service.world(request.world).apply(batch)
+                result = self.service.world(request.world).apply(batch, request.narrow_ids)
             return pb.StreamBatchesResponse(sequence=request.sequence, result=result)
         except Exception as exc:
             return stream_error(request.sequence, from_exception(exc))

@@ -82,19 +82,23 @@ class BroadphaseServicer(ImageRpcs, SensorRpcs, MoveRpcs, pb_grpc.BroadphaseServ
         self._serializing_functions = {method: _serializing(function)
                                        for method, function in self._world_functions.items()}
 
-    def _applied(self, world: World, batch: pb.Batch) -> dict:
+    def _applied(self, world: World, batch: pb.Batch, narrow_ids: bool) -> dict:
         """On the world's thread: a batch applied, and counted when metrics are on; its result's fields."""
-        result = world.applied(batch)
+        result = world.applied(batch, narrow_ids)
         if self.metrics is not None:
             self.metrics.count_batch(batch)
         return result
 
     def apply(self, world: World, batch: pb.Batch) -> bytes:
         """A streamed batch applied; its BatchResult serialized there, straight from the pair arrays."""
-        return serialized(pb.BatchResult, **self._applied(world, batch))
+        return serialized(pb.BatchResult, **self._applied(world, batch, False))
+
+    def apply_narrow(self, world: World, batch: pb.Batch) -> bytes:
+        """`apply` for a batch whose last part allowed ids of 32 bits in its result."""
+        return serialized(pb.BatchResult, **self._applied(world, batch, True))
 
     def apply_batch(self, world: World, request: pb.ApplyBatchRequest) -> bytes:
-        return serialized(pb.ApplyBatchResponse, result=self._applied(world, request.batch))
+        return serialized(pb.ApplyBatchResponse, result=self._applied(world, request.batch, request.narrow_ids))
 
     def queue_depths(self) -> dict[str, int]:
         """Each world's operations waiting for their turn."""
@@ -366,7 +370,8 @@ class BroadphaseServicer(ImageRpcs, SensorRpcs, MoveRpcs, pb_grpc.BroadphaseServ
                     continue
                 if batch is not None:
                     await window.acquire()
-                    answers.put_nowait((request.sequence, request.world, self._start_batch(request.world, batch)))
+                    answers.put_nowait((request.sequence, request.world,
+                                        self._start_batch(request.world, batch, request.narrow_ids)))
             # The client closed its side with a batch half sent: that batch is answered, not forgotten.
             unfinished = staging.unfinished()
             if unfinished is not None:
@@ -376,10 +381,10 @@ class BroadphaseServicer(ImageRpcs, SensorRpcs, MoveRpcs, pb_grpc.BroadphaseServ
             staging.unfinished()
             answers.put_nowait(None)
 
-    def _start_batch(self, name: str, batch: pb.Batch) -> asyncio.Future:
+    def _start_batch(self, name: str, batch: pb.Batch, narrow_ids: bool) -> asyncio.Future:
         try:
             access.require(RIGHTS["StreamBatches"], name)
-            return self._start(self.service.world(name), self.apply, batch)
+            return self._start(self.service.world(name), self.apply_narrow if narrow_ids else self.apply, batch)
         except Exception as exc:
             return _failed(exc)
 

@@ -28,13 +28,22 @@ BATCH_OPS = ("create_ids", "move_ids", "destroy_ids")
 FAT_PAIRS_PER_PAIR = 4
 
 
-def pack(arr: np.ndarray, dtype: np.dtype) -> bytes:
-    return np.ascontiguousarray(arr, dtype=dtype).tobytes()
-
-
 def column(arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """`arr` as a column of the wire (for `serialized`), copied only if its layout is not the wire's."""
     return np.ascontiguousarray(arr, dtype=dtype)
+
+
+def id_columns(allowed: bool, **columns: np.ndarray) -> dict:
+    """Columns of ids as the wire's, with the answer's `narrow_ids`: uint32 where the request `allowed`
+    it and every id of them all fits, half the bytes to send; uint64 otherwise."""
+    narrow = allowed and all(ids.size == 0 or int(ids.max()) <= wire.NARROW_IDS_MAX for ids in columns.values())
+    dtype = wire.NARROW_IDS if narrow else wire.IDS
+    return {**{name: column(ids, dtype) for name, ids in columns.items()}, "narrow_ids": narrow}
+
+
+def message_fields(fields: dict) -> dict:
+    """`fields` for a generated message: its columns as bytes."""
+    return {name: value.tobytes() if isinstance(value, np.ndarray) else value for name, value in fields.items()}
 
 
 def _renamed(exc: Exception, field: str) -> Exception:
@@ -107,14 +116,14 @@ class World:
         return pb.GetWorldStatsResponse(world=self.info(), tree_counts=counts, tree_measures=measures)
 
     # ---- batches -------------------------------------------------------------------------------
-    def apply(self, batch: pb.Batch) -> pb.BatchResult:
+    def apply(self, batch: pb.Batch, narrow_ids: bool = False) -> pb.BatchResult:
         """The batch applied (see `applied`), and its result."""
-        return pb.BatchResult(**{field: pack(value, wire.IDS) if isinstance(value, np.ndarray) else value
-                                 for field, value in self.applied(batch).items()})
+        return pb.BatchResult(**message_fields(self.applied(batch, narrow_ids)))
 
-    def applied(self, batch: pb.Batch) -> dict:
+    def applied(self, batch: pb.Batch, narrow_ids: bool = False) -> dict:
         """Validate the whole batch, journal it (a persistent world), apply it, then update(); the
-        fields of its BatchResult, the pairs as arrays (for dbvt_client.serialized).
+        fields of its BatchResult, the pairs as arrays (for dbvt_client.serialized), in 32 bits where
+        `narrow_ids` allows it (see id_columns).
 
         create runs first: the core checks its own arguments before changing anything. The move and
         destroy ids are checked against the world beforehand whenever an earlier step could already
@@ -133,8 +142,8 @@ class World:
             self.files.applied(self)
         if self.feed is not None:
             self.feed.publish(self.tick, entered, left)
-        return dict(tick=self.tick, begun=column(begun, wire.IDS), ended=column(ended, wire.IDS),
-                    incarnation=self.incarnation, entered=column(entered, wire.IDS), left=column(left, wire.IDS))
+        return dict(tick=self.tick, incarnation=self.incarnation,
+                    **id_columns(narrow_ids, begun=begun, ended=ended, entered=entered, left=left))
 
     def _checked_apply(self, batch: pb.Batch) -> tuple[np.ndarray, np.ndarray]:
         dims, bp = self.dims, self.broadphase
@@ -298,11 +307,8 @@ class World:
     def _answer(self, message_class, request, offsets: np.ndarray, hits: np.ndarray, **columns) -> bytes:
         """A query's answer, serialized straight from the core's arrays (dbvt_client.serialized); its
         hits in 32 bits where the request allows it and every id fits, half the bytes to send."""
-        narrow = request.narrow_ids and (hits.size == 0 or int(hits.max()) <= wire.NARROW_IDS_MAX)
         return serialized(message_class, tick=self.tick, incarnation=self.incarnation,
-                          offsets=column(offsets, wire.OFFSETS),
-                          hits=hits.astype(wire.NARROW_IDS) if narrow else column(hits, wire.IDS),
-                          narrow_ids=narrow, **columns)
+                          offsets=column(offsets, wire.OFFSETS), **id_columns(request.narrow_ids, hits=hits), **columns)
 
     @staticmethod
     def _mask(request) -> int | None:
@@ -366,14 +372,15 @@ class World:
         return self._answer(pb.CastSphereResponse, request, offsets, hits, fractions=column(fractions, wire.FRACTIONS))
 
     def pairs(self, request: pb.GetPairsRequest) -> pb.GetPairsResponse:
-        return pb.GetPairsResponse(tick=self.tick, incarnation=self.incarnation, pairs=pack(self.broadphase.pairs(), wire.IDS))
+        return pb.GetPairsResponse(tick=self.tick, incarnation=self.incarnation,
+                                   **message_fields(id_columns(request.narrow_ids, pairs=self.broadphase.pairs())))
 
     def sensor_pairs(self, request: pb.GetSensorPairsRequest) -> pb.GetSensorPairsResponse:
-        return pb.GetSensorPairsResponse(tick=self.tick, incarnation=self.incarnation,
-                                         pairs=pack(self.broadphase.sensor_pairs(), wire.IDS))
+        return pb.GetSensorPairsResponse(tick=self.tick, incarnation=self.incarnation, **message_fields(
+            id_columns(request.narrow_ids, pairs=self.broadphase.sensor_pairs())))
 
     def apply_batch(self, request: pb.ApplyBatchRequest) -> pb.ApplyBatchResponse:
-        return pb.ApplyBatchResponse(result=self.apply(request.batch))
+        return pb.ApplyBatchResponse(result=self.apply(request.batch, request.narrow_ids))
 
     def export(self, request: pb.ExportWorldRequest) -> pb.ExportWorldResponse:
         """The world's image (dbvt_server.images) at its current tick, which the server sends in parts."""
@@ -396,7 +403,7 @@ def overlap(a: World, b: World, request: pb.OverlapRequest, max_hits: int) -> pb
                                 "pairs, the most one call may return (--max-hits-per-call); use masks to ask "
                                 "for less") from None
     return pb.OverlapResponse(tick_a=a.tick, tick_b=b.tick, incarnation_a=a.incarnation, incarnation_b=b.incarnation,
-                              pairs=pack(pairs, wire.IDS))
+                              **message_fields(id_columns(request.narrow_ids, pairs=pairs)))
 
 
 def _set_sensors_back(bp: Broadphase, refused: tuple, undone: tuple) -> None:

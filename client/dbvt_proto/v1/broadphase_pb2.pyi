@@ -17,7 +17,7 @@ per batch (never one per proxy):
   hits       uint64 <u8 ids; uint32 <u4 where a query's answer sets narrow_ids, which only a request
              setting narrow_ids allows
   fractions  float64 <f8, one per hit
-  pairs      uint64 <u8, rows (a, b) with a < b, sorted
+  pairs      uint64 <u8, rows (a, b) with a < b, sorted; uint32 <u4 where the answer sets narrow_ids
 Every interval is closed, and every result is exact on the proxies' tight boxes.
 
 No message the server sends is larger than its max_message_bytes. An answer that would be is sent
@@ -524,6 +524,7 @@ class BatchResult(_message.Message):
     INCARNATION_FIELD_NUMBER: _builtins.int
     ENTERED_FIELD_NUMBER: _builtins.int
     LEFT_FIELD_NUMBER: _builtins.int
+    NARROW_IDS_FIELD_NUMBER: _builtins.int
     tick: _builtins.int
     begun: _builtins.bytes
     ended: _builtins.bytes
@@ -531,6 +532,10 @@ class BatchResult(_message.Message):
     entered: _builtins.bytes
     """The tick's sensor events: uint64 rows [sensor, proxy], sorted."""
     left: _builtins.bytes
+    narrow_ids: _builtins.bool
+    """Set when the batch's request allowed it and every id in the result is below 2^32: begun,
+    ended, entered and left are then uint32 <u4 rows, half the bytes. Unset, uint64 <u8.
+    """
     def __init__(
         self,
         *,
@@ -540,10 +545,11 @@ class BatchResult(_message.Message):
         incarnation: _builtins.int = ...,
         entered: _builtins.bytes = ...,
         left: _builtins.bytes = ...,
+        narrow_ids: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["begun", b"begun", "ended", b"ended", "entered", b"entered", "incarnation", b"incarnation", "left", b"left", "tick", b"tick"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["begun", b"begun", "ended", b"ended", "entered", b"entered", "incarnation", b"incarnation", "left", b"left", "narrow_ids", b"narrow_ids", "tick", b"tick"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -555,7 +561,10 @@ class ApplyBatchRequest(_message.Message):
 
     WORLD_FIELD_NUMBER: _builtins.int
     BATCH_FIELD_NUMBER: _builtins.int
+    NARROW_IDS_FIELD_NUMBER: _builtins.int
     world: _builtins.str
+    narrow_ids: _builtins.bool
+    """The caller reads ids of 32 bits: the answer may then hold them so (narrow_ids)."""
     @_builtins.property
     def batch(self) -> Global___Batch: ...
     def __init__(
@@ -563,10 +572,11 @@ class ApplyBatchRequest(_message.Message):
         *,
         world: _builtins.str = ...,
         batch: Global___Batch | None = ...,
+        narrow_ids: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "world", b"world"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "narrow_ids", b"narrow_ids", "world", b"world"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -600,11 +610,16 @@ class StreamBatchesRequest(_message.Message):
     SEQUENCE_FIELD_NUMBER: _builtins.int
     BATCH_FIELD_NUMBER: _builtins.int
     MORE_PARTS_FIELD_NUMBER: _builtins.int
+    NARROW_IDS_FIELD_NUMBER: _builtins.int
     world: _builtins.str
     sequence: _builtins.int
     """Chosen by the client; echoed in the response to this batch."""
     more_parts: _builtins.bool
     """More parts of this batch follow (same world and sequence); nothing is applied until the last."""
+    narrow_ids: _builtins.bool
+    """The caller reads ids of 32 bits: the batch's result may then hold them so (narrow_ids). Of a
+    batch in parts, the last part's counts.
+    """
     @_builtins.property
     def batch(self) -> Global___Batch: ...
     def __init__(
@@ -614,10 +629,11 @@ class StreamBatchesRequest(_message.Message):
         sequence: _builtins.int = ...,
         batch: Global___Batch | None = ...,
         more_parts: _builtins.bool = ...,
+        narrow_ids: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "more_parts", b"more_parts", "sequence", b"sequence", "world", b"world"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "more_parts", b"more_parts", "narrow_ids", b"narrow_ids", "sequence", b"sequence", "world", b"world"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1088,15 +1104,19 @@ class GetPairsRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     WORLD_FIELD_NUMBER: _builtins.int
+    NARROW_IDS_FIELD_NUMBER: _builtins.int
     world: _builtins.str
+    narrow_ids: _builtins.bool
+    """The caller reads ids of 32 bits: the answer may then hold them so (narrow_ids)."""
     def __init__(
         self,
         *,
         world: _builtins.str = ...,
+        narrow_ids: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["world", b"world"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["narrow_ids", b"narrow_ids", "world", b"world"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1109,19 +1129,25 @@ class GetPairsResponse(_message.Message):
     TICK_FIELD_NUMBER: _builtins.int
     PAIRS_FIELD_NUMBER: _builtins.int
     INCARNATION_FIELD_NUMBER: _builtins.int
+    NARROW_IDS_FIELD_NUMBER: _builtins.int
     tick: _builtins.int
     pairs: _builtins.bytes
     incarnation: _builtins.int
+    narrow_ids: _builtins.bool
+    """Set when the request allowed it and every id in the answer is below 2^32: the pairs are then
+    uint32 <u4 rows, half the bytes. Unset, uint64 <u8.
+    """
     def __init__(
         self,
         *,
         tick: _builtins.int = ...,
         pairs: _builtins.bytes = ...,
         incarnation: _builtins.int = ...,
+        narrow_ids: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["incarnation", b"incarnation", "pairs", b"pairs", "tick", b"tick"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["incarnation", b"incarnation", "narrow_ids", b"narrow_ids", "pairs", b"pairs", "tick", b"tick"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1357,15 +1383,19 @@ class GetSensorPairsRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     WORLD_FIELD_NUMBER: _builtins.int
+    NARROW_IDS_FIELD_NUMBER: _builtins.int
     world: _builtins.str
+    narrow_ids: _builtins.bool
+    """The caller reads ids of 32 bits: the answer may then hold them so (narrow_ids)."""
     def __init__(
         self,
         *,
         world: _builtins.str = ...,
+        narrow_ids: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["world", b"world"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["narrow_ids", b"narrow_ids", "world", b"world"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1378,20 +1408,26 @@ class GetSensorPairsResponse(_message.Message):
     TICK_FIELD_NUMBER: _builtins.int
     INCARNATION_FIELD_NUMBER: _builtins.int
     PAIRS_FIELD_NUMBER: _builtins.int
+    NARROW_IDS_FIELD_NUMBER: _builtins.int
     tick: _builtins.int
     incarnation: _builtins.int
     pairs: _builtins.bytes
     """uint64 rows [sensor, proxy], sorted."""
+    narrow_ids: _builtins.bool
+    """Set when the request allowed it and every id in the answer is below 2^32: the pairs are then
+    uint32 <u4 rows, half the bytes. Unset, uint64 <u8.
+    """
     def __init__(
         self,
         *,
         tick: _builtins.int = ...,
         incarnation: _builtins.int = ...,
         pairs: _builtins.bytes = ...,
+        narrow_ids: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["incarnation", b"incarnation", "pairs", b"pairs", "tick", b"tick"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["incarnation", b"incarnation", "narrow_ids", b"narrow_ids", "pairs", b"pairs", "tick", b"tick"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1735,11 +1771,14 @@ class OverlapRequest(_message.Message):
     MASK_A_FIELD_NUMBER: _builtins.int
     MASK_B_FIELD_NUMBER: _builtins.int
     INCLUDE_SENSORS_FIELD_NUMBER: _builtins.int
+    NARROW_IDS_FIELD_NUMBER: _builtins.int
     world_a: _builtins.str
     world_b: _builtins.str
     mask_a: _builtins.int
     mask_b: _builtins.int
     include_sensors: _builtins.bool
+    narrow_ids: _builtins.bool
+    """The caller reads ids of 32 bits: the answer may then hold them so (narrow_ids)."""
     def __init__(
         self,
         *,
@@ -1748,10 +1787,11 @@ class OverlapRequest(_message.Message):
         mask_a: _builtins.int | None = ...,
         mask_b: _builtins.int | None = ...,
         include_sensors: _builtins.bool = ...,
+        narrow_ids: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_mask_a", b"_mask_a", "_mask_b", b"_mask_b", "mask_a", b"mask_a", "mask_b", b"mask_b"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_mask_a", b"_mask_a", "_mask_b", b"_mask_b", "include_sensors", b"include_sensors", "mask_a", b"mask_a", "mask_b", b"mask_b", "world_a", b"world_a", "world_b", b"world_b"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_mask_a", b"_mask_a", "_mask_b", b"_mask_b", "include_sensors", b"include_sensors", "mask_a", b"mask_a", "mask_b", b"mask_b", "narrow_ids", b"narrow_ids", "world_a", b"world_a", "world_b", b"world_b"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__mask_a: _TypeAlias = _typing.Literal["mask_a"]  # noqa: Y015
     _WhichOneofArgType__mask_a: _TypeAlias = _typing.Literal["_mask_a", b"_mask_a"]  # noqa: Y015
@@ -1775,12 +1815,17 @@ class OverlapResponse(_message.Message):
     INCARNATION_A_FIELD_NUMBER: _builtins.int
     INCARNATION_B_FIELD_NUMBER: _builtins.int
     PAIRS_FIELD_NUMBER: _builtins.int
+    NARROW_IDS_FIELD_NUMBER: _builtins.int
     tick_a: _builtins.int
     tick_b: _builtins.int
     incarnation_a: _builtins.int
     incarnation_b: _builtins.int
     pairs: _builtins.bytes
     """uint64 rows [id in world_a, id in world_b], sorted."""
+    narrow_ids: _builtins.bool
+    """Set when the request allowed it and every id in the answer is below 2^32: the pairs are then
+    uint32 <u4 rows, half the bytes. Unset, uint64 <u8.
+    """
     def __init__(
         self,
         *,
@@ -1789,10 +1834,11 @@ class OverlapResponse(_message.Message):
         incarnation_a: _builtins.int = ...,
         incarnation_b: _builtins.int = ...,
         pairs: _builtins.bytes = ...,
+        narrow_ids: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["incarnation_a", b"incarnation_a", "incarnation_b", b"incarnation_b", "pairs", b"pairs", "tick_a", b"tick_a", "tick_b", b"tick_b"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["incarnation_a", b"incarnation_a", "incarnation_b", b"incarnation_b", "narrow_ids", b"narrow_ids", "pairs", b"pairs", "tick_a", b"tick_a", "tick_b", b"tick_b"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

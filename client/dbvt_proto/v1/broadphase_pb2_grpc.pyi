@@ -17,7 +17,7 @@ per batch (never one per proxy):
   hits       uint64 <u8 ids; uint32 <u4 where a query's answer sets narrow_ids, which only a request
              setting narrow_ids allows
   fractions  float64 <f8, one per hit
-  pairs      uint64 <u8, rows (a, b) with a < b, sorted
+  pairs      uint64 <u8, rows (a, b) with a < b, sorted; uint32 <u4 where the answer sets narrow_ids
 Every interval is closed, and every result is exact on the proxies' tight boxes.
 
 No message the server sends is larger than its max_message_bytes. An answer that would be is sent

@@ -176,7 +176,7 @@ def scaling(job_for: Callable[[int], Job], window: float, server: ThreadMeter | 
 
 def _query_job(channel: grpc.Channel, world: str, queries) -> Job:
     call = channel.unary_unary(SERVICE + "QueryAabb")
-    # Asking for hits in 32 bits where they fit, as the SDK's requests do.
+    # Allowing hits in 32 bits, as the SDK's requests do.
     request = pb.QueryAabbRequest(world=world, count=len(queries), boxes=queries.tobytes(),
                                   narrow_ids=True).SerializeToString()
 
@@ -201,7 +201,7 @@ def _stream_job(channel: grpc.Channel, world: str, work) -> Job:
                 room.acquire()
                 if stop.is_set():
                     return
-                yield pb.StreamBatchesRequest(world=world, sequence=sequence,
+                yield pb.StreamBatchesRequest(world=world, sequence=sequence, narrow_ids=True,
                                               batch=pb.Batch(move_ids=ids, move_boxes=boxes)).SerializeToString()
 
         answers = []
