@@ -12,7 +12,8 @@ import numpy as np
 from dbvt_client.errors import InvalidArgument
 
 IDS = np.dtype("<u8")
-# A query answer's hits where the answer sets narrow_ids: ids of 32 bits, half the bytes on the wire.
+# The ids of an answer that sets narrow_ids (a query's hits, a batch's pairs and events, the pair dumps):
+# 32 bits, half the bytes on the wire.
 NARROW_IDS = np.dtype("<u4")
 NARROW_IDS_MAX = 2**32 - 1
 FLOATS = np.dtype("<f4")
