@@ -5,6 +5,7 @@ Both listen on 127.0.0.1 port 0 and report the port they were given.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import shutil
@@ -72,6 +73,19 @@ class ServerThread:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(30)
         self._loop.close()
+
+
+@contextlib.contextmanager
+def world_held(server: ServerThread, name: str):
+    """World `name` of `server` held still, as an overlap holds its worlds: its operations wait in its
+    queue until the block ends. For what must be seen while a world is busy, without timing."""
+    servicer = server.running.servicer
+    queue = servicer._queue(servicer.service.world(name))
+    queue.hold().result(30)
+    try:
+        yield
+    finally:
+        queue.release()
 
 
 def async_client(mode: str, server: "ServerThread"):

@@ -175,6 +175,7 @@ def exported_metrics() -> set[str]:
     try:
         with Client(server.target) as client:
             client.create_world("scraped").apply(create=([1], [[0, 0, 0, 1, 1, 1]]))
+            client.world("scraped").query_aabb([[0, 0, 0, 1, 1, 1]])
             with pytest.raises(DbvtError):
                 client.world("nowhere").pairs()
         port = server.running.metrics_endpoint.port

@@ -368,6 +368,28 @@ def test_a_stream_hears_the_move_and_the_next_stream_goes_where_the_world_went(j
     assert held(joined.new)[name].tick == 2 and name not in held(source)
 
 
+def test_a_query_stream_says_where_a_world_moves_and_the_sdk_follows_it(joined):
+    name = joined.names("asked", 1)[0]
+    source = owner(name, joined.old)
+    box = np.array([[0, 0, 0, 1, 1, 1]], "<f4")
+    query = pb.QueryRequest(aabb=pb.QueryAabbRequest(world=name, count=1, boxes=box.tobytes()))
+    with Client(source) as client, grpc.insecure_channel(source) as channel:
+        world = client.create_world(name)
+        world.apply(create=([1], box))
+        assert world.query_aabb(box).hits.tolist() == [1]         # the client's query stream is open
+        world.begin_move(joined.new)
+        (moving,) = pb_grpc.BroadphaseServiceStub(channel).StreamQueries(
+            iter([pb.StreamQueriesRequest(sequence=1, query=query)]), timeout=30)
+        assert (moving.status_code, moving.world_server) == (grpc.StatusCode.UNAVAILABLE.value[0], joined.new)
+        rebalance(joined.targets, Client, say=quiet)
+        (moved,) = pb_grpc.BroadphaseServiceStub(channel).StreamQueries(
+            iter([pb.StreamQueriesRequest(sequence=2, query=query)]), timeout=30)
+        assert (moved.status_code, moved.world_server) == (grpc.StatusCode.FAILED_PRECONDITION.value[0], joined.new)
+        answer = world.query_aabb(box)                            # refused on the stream, asked at the owner
+        assert answer.hits.tolist() == [1] and answer.tick == 1
+    assert name in held(joined.new) and name not in held(source)
+
+
 def test_a_move_to_a_malformed_destination_or_of_an_unknown_world_changes_nothing(joined):
     name = joined.names("bad", 1)[0]
     source = owner(name, joined.old)

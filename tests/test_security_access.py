@@ -57,7 +57,8 @@ def test_a_call_without_a_known_token_is_unauthenticated(server, tokens, worlds,
     with as_token(server, tokens, token) as stranger:
         for call in (stranger.list_worlds, stranger.server_info, lambda: stranger.world("lobby").pairs(),
                      lambda: stranger.delete_world("lobby"),
-                     lambda: stranger.world("lobby").apply(destroy=[1])):
+                     lambda: stranger.world("lobby").apply(destroy=[1]),
+                     lambda: stranger.world("lobby").query_aabb(BOXES)):
             with pytest.raises(Unauthenticated):
                 call()
     assert state(worlds) == before

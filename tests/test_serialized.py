@@ -116,6 +116,8 @@ def test_integers_past_their_width_are_cut_to_it_as_protobuf_cuts_them():
     assert reader(pb.QueryAabbResponse)(wire).tick == pb.QueryAabbResponse.FromString(wire).tick == 5
 
 
-def test_only_answers_of_bytes_and_unsigned_fields_are_read():
-    with pytest.raises(TypeError, match="QueryAabbRequest.world is not read"):
-        reader(pb.QueryAabbRequest)
+def test_only_messages_of_bytes_strings_unsigned_fields_and_such_messages_are_read():
+    with pytest.raises(TypeError, match="QueryNearestRequest.max_distance is not read"):
+        reader(pb.QueryNearestRequest)
+    with pytest.raises(TypeError, match="RaycastRequest.mode is not read"):
+        reader(pb.QueryRequest)          # the messages within are checked too

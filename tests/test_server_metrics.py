@@ -56,6 +56,8 @@ def test_counters_equal_the_calls_made_and_gauges_the_worlds_state(server):
             world.query_aabb(BOXES)
         with pytest.raises(NotFound):
             client.world("nowhere").pairs()
+        with pytest.raises(NotFound):
+            client.world("nowhere").raycast(BOXES)
         with world.stream() as stream:
             stream.apply(destroy=[11])
             open_streams = scrape(port)[("dbvt_stream_connections",)]
@@ -63,10 +65,16 @@ def test_counters_equal_the_calls_made_and_gauges_the_worlds_state(server):
     assert open_streams == 1 and samples[("dbvt_stream_connections",)] == 0
     requests = {key[1:]: value for key, value in samples.items() if key[0] == "dbvt_rpc_requests_total"}
     assert requests[(("code", "OK"), ("method", "ApplyBatch"))] == 6
-    assert requests[(("code", "OK"), ("method", "QueryAabb"))] == 3
     assert requests[(("code", "NOT_FOUND"), ("method", "GetPairs"))] == 1
     assert requests[(("code", "OK"), ("method", "StreamBatches"))] == 1
     assert samples[("dbvt_rpc_duration_seconds_count", ("method", "ApplyBatch"))] == 6
+    # The SDK asks its queries on one query stream, which counts as a call once it ends; its sets count one by one.
+    sets = {key[1:]: value for key, value in samples.items() if key[0] == "dbvt_streamed_query_sets_total"}
+    assert sets == {(("code", "OK"), ("method", "QueryAabb")): 3, (("code", "NOT_FOUND"), ("method", "Raycast")): 1}
+    assert samples[("dbvt_streamed_query_set_seconds_count", ("method", "QueryAabb"))] == 3
+    assert (("code", "OK"), ("method", "StreamQueries")) not in requests
+    closed = {key[1:]: value for key, value in scrape(port).items() if key[0] == "dbvt_rpc_requests_total"}
+    assert closed[(("code", "OK"), ("method", "StreamQueries"))] == 1, "a closed client ends its query stream with OK"
     operations = {key[1][1]: value for key, value in samples.items() if key[0] == "dbvt_batch_operations_total"}
     assert operations == {"create": 10, "move": 1, "destroy": 2}
     world_label = ("world", "metered")

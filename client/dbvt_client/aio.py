@@ -11,9 +11,9 @@ from dbvt_client import batches, parts, queries, routing, transfer, watching
 from dbvt_client.client import (DEFAULT_MAX_PROXIES_PER_WORLD, DEFAULT_MAX_WORLDS, create_request, server_dict,
                                 stats_dict, world_info)
 from dbvt_client.errors import DbvtError, Unavailable, WrongServer, from_exception, from_rpc_error, from_stream_status
+from dbvt_client.query_stream import QUERY_FIELDS, AsyncQueryStream
 from dbvt_client.results import BatchResult, Crossings, Hits, NearestHits, RayHits, Snapshot, WorldInfo
-from dbvt_client.transport import (ANSWERED_IN_PARTS, QUERY_FIELDS, Connection, answer_too_big, batch_streams,
-                                   local_transport, query_answer, query_methods, query_set)
+from dbvt_client.transport import ANSWERED_IN_PARTS, Connection, batch_streams, local_transport
 from dbvt_proto.v1 import broadphase_pb2 as pb
 from dbvt_proto.v1 import broadphase_pb2_grpc as pb_grpc
 
@@ -49,10 +49,10 @@ class _AsyncGrpcTransport:
     def __init__(self, connection: Connection):
         self._channel = connection.channel(grpc.aio)
         self._stub = pb_grpc.BroadphaseServiceStub(self._channel)
-        self._queries = query_methods(self._channel)
         self._stream_batches = batch_streams(self._channel)
         self._timeout = connection.timeout
         self._metadata = connection.metadata
+        self._query_stream = AsyncQueryStream(self._channel, self._metadata, self._timeout)
 
     async def unary(self, method: str, request):
         try:
@@ -65,17 +65,7 @@ class _AsyncGrpcTransport:
         """See `GrpcTransport.query`."""
         if method not in QUERY_FIELDS:
             return await self.unary(method, requests[0])
-        if len(requests) == 1:
-            try:
-                return await self._queries[method](requests[0], timeout=self._timeout, metadata=self._metadata)
-            except grpc.RpcError as error:
-                if not answer_too_big(error):
-                    raise from_rpc_error(error) from None
-        try:
-            call = self._stub.Query(query_set(method, requests), timeout=self._timeout, metadata=self._metadata)
-            return query_answer(method, [answer async for answer in call])
-        except grpc.RpcError as error:
-            raise from_rpc_error(error) from None
+        return await self._query_stream.ask(method, requests)
 
     async def upload(self, method: str, requests: list):
         """A client-streaming call: its parts sent, its one answer."""
@@ -93,6 +83,7 @@ class _AsyncGrpcTransport:
         return _GrpcStream(self._stream_batches, self._metadata)
 
     async def close(self) -> None:
+        await self._query_stream.close()
         await self._channel.close()
 
 

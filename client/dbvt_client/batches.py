@@ -12,8 +12,7 @@ from typing import Any
 import numpy as np
 
 from dbvt_client import wire
-from dbvt_client.errors import (DbvtError, FailedPrecondition, InvalidArgument, Moving, TickMismatch, Unavailable,
-                                WrongServer, from_exception, from_status_number)
+from dbvt_client.errors import DbvtError, InvalidArgument, TickMismatch, from_exception, from_refusal
 from dbvt_client.results import BatchResult
 from dbvt_client.serialized import serialized
 from dbvt_proto.v1 import broadphase_pb2 as pb
@@ -207,12 +206,7 @@ def stream_refusal(response: pb.StreamBatchesResponse) -> DbvtError:
     """The error a stream's batch was refused with, of the class a unary ApplyBatch would raise."""
     if response.HasField("world_tick"):
         return TickMismatch(response.status_message, response.world_tick, response.world_incarnation)
-    error = from_status_number(response.status_code, response.status_message)
-    if response.world_server and isinstance(error, Unavailable):
-        return Moving(response.status_message, response.world_server)
-    if response.world_server and isinstance(error, FailedPrecondition):
-        return WrongServer(response.status_message, response.world_server)
-    return error
+    return from_refusal(response.status_code, response.status_message, response.world_server)
 
 
 def settle(future, response: pb.StreamBatchesResponse) -> DbvtError | None:

@@ -157,6 +157,18 @@ def from_status_number(number: int, message: str) -> DbvtError:
     return from_status(_BY_NUMBER.get(number, grpc.StatusCode.UNKNOWN), message)
 
 
+def from_refusal(number: int, message: str, world_server: str) -> DbvtError:
+    """The error a stream's batch or query set was refused with: its google.rpc.Code number and message,
+    and for a world that moves or lives elsewhere its server, which a unary call's trailing metadata
+    carries (dbvt-moving, dbvt-owner)."""
+    error = from_status_number(number, message)
+    if world_server and isinstance(error, Unavailable):
+        return Moving(message, world_server)
+    if world_server and isinstance(error, FailedPrecondition):
+        return WrongServer(message, world_server)
+    return error
+
+
 def from_rpc_error(error: grpc.RpcError) -> DbvtError:
     if error.code() == grpc.StatusCode.FAILED_PRECONDITION:
         mismatch = TickMismatch.from_metadata(error.details() or "", error.trailing_metadata())

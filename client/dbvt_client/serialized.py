@@ -25,8 +25,12 @@ _UNSIGNED = {FieldDescriptor.TYPE_UINT32: 2**32, FieldDescriptor.TYPE_UINT64: 2*
              FieldDescriptor.TYPE_ENUM: 2**31, FieldDescriptor.TYPE_BOOL: 2}
 _FIXED = {FieldDescriptor.TYPE_DOUBLE: (_FIXED64, struct.Struct("<d")),
           FieldDescriptor.TYPE_FLOAT: (_FIXED32, struct.Struct("<f"))}
-# What reader() reads: the fields of the query answers.
-_READ = (FieldDescriptor.TYPE_BYTES, FieldDescriptor.TYPE_UINT32, FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_BOOL)
+# What reader() reads: the fields of the query answers and of the query stream's messages around them.
+_READ = (FieldDescriptor.TYPE_BYTES, FieldDescriptor.TYPE_UINT32, FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_BOOL,
+         FieldDescriptor.TYPE_STRING, FieldDescriptor.TYPE_MESSAGE)
+# How reader() reads a bytes field and a string field; an unsigned integer is read by its modulus, a
+# message by its class's reader.
+_AS_VIEW, _AS_TEXT = "view", "text"
 _LENGTH_DELIMITED = (FieldDescriptor.TYPE_STRING, FieldDescriptor.TYPE_BYTES, FieldDescriptor.TYPE_MESSAGE)
 
 
@@ -118,15 +122,34 @@ def passing_bytes(serialize):
 
 
 @lru_cache(maxsize=None)
-def _fields_read(message_class) -> dict[int, tuple[str, int]]:
-    """Each field's number: its name and, for an unsigned integer, its modulus (0 for bytes). Only
-    answers of these fields alone are read here (the query answers)."""
-    fields = {}
+def _fields_read(message_class) -> dict[int, tuple[str, object]]:
+    """Each field's number: its name and how it is read (_AS_VIEW, _AS_TEXT, an unsigned integer's
+    modulus, or a message field's reader)."""
+    fields: dict[int, tuple[str, object]] = {}
+    empty = message_class()
     for field in message_class.DESCRIPTOR.fields:
         if field.is_repeated or field.type not in _READ:
             raise TypeError(f"{message_class.DESCRIPTOR.full_name}.{field.name} is not read by dbvt_client.serialized")
-        fields[field.number] = (field.name, 0 if field.type == FieldDescriptor.TYPE_BYTES else _UNSIGNED[field.type])
+        if field.type == FieldDescriptor.TYPE_MESSAGE:
+            how: object = reader(type(getattr(empty, field.name)))
+        elif field.type == FieldDescriptor.TYPE_BYTES:
+            how = _AS_VIEW
+        elif field.type == FieldDescriptor.TYPE_STRING:
+            how = _AS_TEXT
+        else:
+            how = _UNSIGNED[field.type]
+        fields[field.number] = (field.name, how)
     return fields
+
+
+def _default(how):
+    if how == _AS_VIEW:
+        return memoryview(b"")
+    if how == _AS_TEXT:
+        return ""
+    if callable(how):
+        return None
+    return False if how == 2 else 0
 
 
 def _varint_at(data: bytes, at: int) -> tuple[int, int]:
@@ -147,34 +170,47 @@ def reader(message_class):
     """A gRPC deserializer of `message_class`'s serialized bytes into an object with its fields as
     attributes, read as protobuf reads them (a field given twice keeps the last; unknown fields, and
     known ones with another wire type, are passed over), but with each bytes field a memoryview of
-    the data rather than a copy."""
+    the data rather than a copy. A message field is read the same way (None when absent; given twice,
+    the last is kept where protobuf would merge the two)."""
     fields = _fields_read(message_class)
-    empty = memoryview(b"")
-    defaults = {name: empty if modulus == 0 else (False if modulus == 2 else 0)
-                for name, modulus in fields.values()}
+    defaults = {name: _default(how) for name, how in fields.values()}
 
-    def read(data: bytes) -> SimpleNamespace:
+    def read(data) -> SimpleNamespace:
         values = dict(defaults)
         view = memoryview(data)
         at = 0
-        while at < len(data):
-            key, at = _varint_at(data, at)
+        while at < len(view):
+            key, at = _varint_at(view, at)
             number, wire_type = key >> 3, key & 7
             if wire_type == _VARINT:
-                value, at = _varint_at(data, at)
+                value, at = _varint_at(view, at)
             elif wire_type == _LENGTH:
-                size, at = _varint_at(data, at)
+                size, at = _varint_at(view, at)
                 value, at = view[at:at + size], at + size
             elif wire_type in (_FIXED64, _FIXED32):
                 value, at = None, at + (8 if wire_type == _FIXED64 else 4)
             else:
                 raise DecodeError(f"wire type {wire_type} (field {number}) is not used by the protocol")
-            if at > len(data):
+            if at > len(view):
                 raise DecodeError(f"field {number} runs past the end of the message")
-            name, modulus = fields.get(number, ("", -1))
-            if modulus < 0 or wire_type != (_LENGTH if modulus == 0 else _VARINT):
+            name, how = fields.get(number, ("", None))
+            if how is None or wire_type != (_VARINT if isinstance(how, int) else _LENGTH):
                 continue    # unknown, or known with another wire type, which protobuf keeps as unknown
-            values[name] = value if modulus == 0 else (value != 0 if modulus == 2 else value % modulus)
+            if how == _AS_VIEW:
+                values[name] = value
+            elif how == _AS_TEXT:
+                values[name] = _text(value, message_class, name)
+            elif callable(how):
+                values[name] = how(value)
+            else:
+                values[name] = value != 0 if how == 2 else value % how
         return SimpleNamespace(**values)
 
     return read
+
+
+def _text(value: memoryview, message_class, name: str) -> str:
+    try:
+        return str(value, "utf-8")
+    except UnicodeDecodeError:
+        raise DecodeError(f"{message_class.DESCRIPTOR.full_name}.{name} is not UTF-8") from None

@@ -11,8 +11,9 @@ import grpc
 
 from dbvt_client import parts
 from dbvt_client.errors import from_rpc_error, from_stream_status
+from dbvt_client.query_stream import QUERY_FIELDS, QueryStream
 from dbvt_client.security import call_metadata, open_channel, tls_settings
-from dbvt_client.serialized import passing_bytes, reader
+from dbvt_client.serialized import passing_bytes
 from dbvt_proto.v1 import broadphase_pb2 as pb
 from dbvt_proto.v1 import broadphase_pb2_grpc as pb_grpc
 
@@ -26,9 +27,6 @@ PORTLESS_SCHEMES = ("unix", "unix-abstract", "vsock")
 HOST_AND_PORT = re.compile(r"(\[[^\]]*\]|[^:\[\]]+):\d+")
 # RPCs that answer with a stream of parts of one answer.
 ANSWERED_IN_PARTS = ("ApplyBatch", "GetPairs", "ExportWorld", "GetSensorPairs", "Overlap")
-# Each query RPC's field in a QueryRequest, for query sets sent with Query.
-QUERY_FIELDS = {"QueryAabb": "aabb", "QuerySphere": "sphere", "Raycast": "raycast", "QueryFrustum": "frustum",
-                "QueryNearest": "nearest", "CastBox": "cast_box", "CastSphere": "cast_sphere"}
 
 
 def batch_streams(channel):
@@ -37,36 +35,6 @@ def batch_streams(channel):
     return channel.stream_stream("/dbvt.v1.BroadphaseService/StreamBatches",
                                  request_serializer=passing_bytes(pb.StreamBatchesRequest.SerializeToString),
                                  response_deserializer=pb.StreamBatchesResponse.FromString, _registered_method=True)
-
-
-def query_methods(channel) -> dict:
-    """`channel`'s (grpc or grpc.aio) query methods, whose answers `serialized.reader` reads: one is a
-    megabyte of hits at times, which the generated message would copy twice more."""
-    service = pb.DESCRIPTOR.services_by_name["BroadphaseService"]
-    methods = {}
-    for name in QUERY_FIELDS:
-        method = service.methods_by_name[name]
-        methods[name] = channel.unary_unary(f"/{service.full_name}/{name}",
-                                            request_serializer=getattr(pb, method.input_type.name).SerializeToString,
-                                            response_deserializer=reader(getattr(pb, method.output_type.name)),
-                                            _registered_method=True)
-    return methods
-
-
-def answer_too_big(error: grpc.RpcError) -> bool:
-    """Whether a query failed only because its answer needs more than one message."""
-    return error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and any(
-        key == parts.ANSWER_BYTES_KEY for key, _ in error.trailing_metadata() or ())
-
-
-def query_set(method: str, requests: list) -> Iterator[pb.QueryRequest]:
-    field = QUERY_FIELDS[method]
-    return (pb.QueryRequest(**{field: request}) for request in requests)
-
-
-def query_answer(method: str, answers: list[pb.QueryResponse]):
-    field = QUERY_FIELDS[method]
-    return parts.joined([getattr(answer, field) for answer in answers])
 
 
 def checked_target(target: str) -> str:
@@ -114,10 +82,10 @@ class GrpcTransport:
     def __init__(self, connection: Connection):
         self._channel = connection.channel(grpc)
         self._stub = pb_grpc.BroadphaseServiceStub(self._channel)
-        self._queries = query_methods(self._channel)
         self._stream_batches = batch_streams(self._channel)
         self._timeout = connection.timeout
         self._metadata = connection.metadata
+        self._query_stream = QueryStream(self._channel, self._metadata, self._timeout)
 
     def unary(self, method: str, request):
         try:
@@ -127,21 +95,10 @@ class GrpcTransport:
             raise from_rpc_error(error) from None
 
     def query(self, method: str, requests: list):
-        """The answer to a query set at one tick: one call when the set and its answer each fit in a
-        message, else the set and the answer in parts on a Query stream."""
+        """The answer to a query set at one tick, asked on the transport's query stream."""
         if method not in QUERY_FIELDS:
             return self.unary(method, requests[0])
-        if len(requests) == 1:
-            try:
-                return self._queries[method](requests[0], timeout=self._timeout, metadata=self._metadata)
-            except grpc.RpcError as error:
-                if not answer_too_big(error):
-                    raise from_rpc_error(error) from None
-        try:
-            answers = self._stub.Query(query_set(method, requests), timeout=self._timeout, metadata=self._metadata)
-            return query_answer(method, list(answers))
-        except grpc.RpcError as error:
-            raise from_rpc_error(error) from None
+        return self._query_stream.ask(method, requests)
 
     def upload(self, method: str, requests: list):
         """A client-streaming call: its parts sent, its one answer."""
@@ -163,6 +120,7 @@ class GrpcTransport:
             raise from_stream_status(error.code(), error.details()) from None
 
     def close(self) -> None:
+        self._query_stream.close()
         self._channel.close()
 
 

@@ -97,6 +97,7 @@ class Running:
             await asyncio.sleep(drain)
         if self.health_server is not None:
             await self.health_server.stop(None)
+        self.servicer.end_query_streams()
         await self.server.stop(grace)
         if self.resolving is not None:
             self.resolving.cancel()

@@ -34,6 +34,12 @@ class Metrics:
                                 registry=self.registry)
         self.duration = Histogram("dbvt_rpc_duration_seconds", "time from the start to the end of each RPC",
                                   ["method"], buckets=DURATION_BUCKETS, registry=self.registry)
+        self.query_sets = Counter("dbvt_streamed_query_sets", "query sets answered on StreamQueries, by the query "
+                                  "RPC of their kind and the status of their answer", ["method", "code"],
+                                  registry=self.registry)
+        self.query_set_duration = Histogram("dbvt_streamed_query_set_seconds", "time from the last part of each "
+                                            "query set on StreamQueries to its answer", ["method"],
+                                            buckets=DURATION_BUCKETS, registry=self.registry)
         self.operations = Counter("dbvt_batch_operations", "proxies created, moved and destroyed by applied batches",
                                   ["op"], registry=self.registry)
         ProcessCollector(registry=self.registry)
@@ -48,6 +54,11 @@ class Metrics:
             rows = len(getattr(batch, column)) // 8
             if rows:
                 self.operations.labels(op).inc(rows)
+
+    def count_query_set(self, method: str, started: float, code: grpc.StatusCode) -> None:
+        """A query set answered (or refused) on a query stream, which the interceptor counts as one call."""
+        self.query_sets.labels(method, code.name).inc()
+        self.query_set_duration.labels(method).observe(time.perf_counter() - started)
 
     def interceptor(self) -> grpc.aio.ServerInterceptor:
         return MetricsInterceptor(self)

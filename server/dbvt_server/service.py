@@ -17,7 +17,7 @@ from dbvt_server.persistence import Store, new_incarnation
 from dbvt_server.replicas import Replicas
 from dbvt_server.staging import StagedBytes
 from dbvt_server.watch import SensorFeed
-from dbvt_server.worlds import WORLD_RPCS, World, overlap
+from dbvt_server.worlds import WORLD_RPCS, World, message_fields, overlap
 
 DEFAULT_DIMS = 3
 DEFAULT_MARGIN = 0.05
@@ -316,8 +316,8 @@ class Service:
         """Any unary RPC, in-process."""
         if method in WORLD_RPCS:
             answer = WORLD_RPCS[method](self.world(request.world), request)
-            # A query's answer comes serialized, ready for the wire.
-            return ANSWER_TYPES[method].FromString(answer) if isinstance(answer, bytes) else answer
+            # A query's answer comes as its fields, arrays where the wire has bytes.
+            return ANSWER_TYPES[method](**message_fields(answer)) if isinstance(answer, dict) else answer
         return getattr(self, REGISTRY_RPCS[method])(request)
 
 

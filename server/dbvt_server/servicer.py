@@ -30,10 +30,11 @@ from dbvt_server.image_rpcs import ImageRpcs
 from dbvt_server.logs import Rejections, shown
 from dbvt_server.memory import give_back
 from dbvt_server.move_rpcs import MoveRpcs
+from dbvt_server.query_stream import QUERY_KINDS, QueryStreamRpcs
 from dbvt_server.sensor_rpcs import SensorRpcs
 from dbvt_server.service import ANSWER_TYPES, Service
 from dbvt_server.staging import STAGED_BYTES_PER_PROXY, BatchStaging, Hold, stream_error, unfinished_error
-from dbvt_server.world_queue import WorldQueue
+from dbvt_server.world_queue import WorldQueue, failed
 from dbvt_server.worlds import WORLD_RPCS, World, overlap
 
 log = logging.getLogger("dbvt_server")
@@ -45,9 +46,6 @@ RIGHTS = {"GetWorldStats": "read", "QueryAabb": "read", "QuerySphere": "read", "
           "QueryNearest": "read", "CastBox": "read", "CastSphere": "read", "Overlap": "read"}
 # The world RPCs that also reach a world being moved: what its mover reads.
 MOVER_RPCS = {"ExportWorld"}
-# The query RPCs, by the name of their field in a QueryRequest part.
-QUERY_KINDS = {"aabb": "QueryAabb", "sphere": "QuerySphere", "raycast": "Raycast", "frustum": "QueryFrustum",
-               "nearest": "QueryNearest", "cast_box": "CastBox", "cast_sphere": "CastSphere"}
 
 
 def _timed(function):
@@ -65,11 +63,14 @@ def _timed(function):
     return timed
 
 
-class BroadphaseServicer(ImageRpcs, SensorRpcs, MoveRpcs, pb_grpc.BroadphaseServiceServicer):
+class BroadphaseServicer(ImageRpcs, SensorRpcs, MoveRpcs, QueryStreamRpcs, pb_grpc.BroadphaseServiceServicer):
     def __init__(self, service: Service, executor: Executor, rejections: Rejections):
         self.service = service
         # Batch streams open now (on the event loop's thread only).
         self.open_streams = 0
+        # The reader tasks of the query streams open now, which a shutdown stops (end_query_streams).
+        self.query_stream_readers: set[asyncio.Task] = set()
+        self.query_streams_ended = False
         # dbvt_server.metrics.Metrics, when the server publishes metrics.
         self.metrics = None
         self._executor = executor
@@ -79,7 +80,7 @@ class BroadphaseServicer(ImageRpcs, SensorRpcs, MoveRpcs, pb_grpc.BroadphaseServ
         # apply_batch, which also counts them for the metrics.
         self._world_functions = {**WORLD_RPCS, "ApplyBatch": self.apply_batch, "SnapshotWorld": self._snapshot}
         # The same, each answer serialized there too (answers sent whole or in parts, not SnapshotWorld's).
-        self._serializing_functions = {method: _serializing(function)
+        self._serializing_functions = {method: _serializing(function, ANSWER_TYPES[method])
                                        for method, function in self._world_functions.items()}
 
     def _applied(self, world: World, batch: pb.Batch, narrow_ids: bool) -> dict:
@@ -366,7 +367,7 @@ class BroadphaseServicer(ImageRpcs, SensorRpcs, MoveRpcs, pb_grpc.BroadphaseServ
                     batch = staging.add(request)
                 except Exception as exc:
                     await window.acquire()
-                    answers.put_nowait((request.sequence, request.world, _failed(exc)))
+                    answers.put_nowait((request.sequence, request.world, failed(exc)))
                     continue
                 if batch is not None:
                     await window.acquire()
@@ -376,7 +377,7 @@ class BroadphaseServicer(ImageRpcs, SensorRpcs, MoveRpcs, pb_grpc.BroadphaseServ
             unfinished = staging.unfinished()
             if unfinished is not None:
                 await window.acquire()
-                answers.put_nowait((unfinished[1], unfinished[0], _failed(unfinished_error(unfinished))))
+                answers.put_nowait((unfinished[1], unfinished[0], failed(unfinished_error(unfinished))))
         finally:
             staging.unfinished()
             answers.put_nowait(None)
@@ -386,7 +387,7 @@ class BroadphaseServicer(ImageRpcs, SensorRpcs, MoveRpcs, pb_grpc.BroadphaseServ
             access.require(RIGHTS["StreamBatches"], name)
             return self._start(self.service.world(name), self.apply_narrow if narrow_ids else self.apply, batch)
         except Exception as exc:
-            return _failed(exc)
+            return failed(exc)
 
 
 def _deadline(context) -> float | None:
@@ -422,13 +423,16 @@ def _stream_parts(sequence: int, result: bytes, max_bytes: int):
         yield pb.StreamBatchesResponse(sequence=sequence, result=piece, more_parts=number < len(pieces))
 
 
-def _serializing(function):
-    """`function`, its answer message serialized where it runs (the world's thread): the event loop
-    then only sends the bytes, and they are made once (an upb message's ByteSize() serializes it)."""
+def _serializing(function, message_class):
+    """`function`, its answer serialized where it runs (the world's thread): the event loop then only
+    sends the bytes, and they are made once (an upb message's ByteSize() serializes it). A query's
+    answer comes as its fields (dbvt_server.worlds.World._answer)."""
 
     @functools.wraps(function)
     def serializing(world: World, request) -> bytes:
         answer = function(world, request)
+        if isinstance(answer, dict):
+            return serialized(message_class, **answer)
         return answer if isinstance(answer, bytes) else answer.SerializeToString()
 
     return serializing
@@ -447,12 +451,6 @@ def _cut(answer, message_class, max_bytes: int):
 # Answers cut from their message, not serialized first: a world's image mostly needs several parts.
 CUT_AS_MESSAGES = {"ExportWorld"}
 
-
-
-def _failed(exc: Exception) -> asyncio.Future:
-    failed = asyncio.get_running_loop().create_future()
-    failed.set_exception(exc)
-    return failed
 
 
 async def _settle(reader: asyncio.Task, answers: asyncio.Queue) -> None:

@@ -132,9 +132,10 @@ def unfinished_error(key: tuple[str, int]) -> InvalidArgument:
                            "nothing of it was applied")
 
 
-def stream_error(sequence: int, error: DbvtError) -> pb.StreamBatchesResponse:
-    response = pb.StreamBatchesResponse(sequence=sequence, status_code=error.code.value[0],
-                                        status_message=error.message)
+def stream_error(sequence: int, error: DbvtError, response_class=pb.StreamBatchesResponse):
+    """The answer to a stream's batch refused with `error`; with pb.StreamQueriesResponse, to a query set
+    (which cannot meet a TickMismatch)."""
+    response = response_class(sequence=sequence, status_code=error.code.value[0], status_message=error.message)
     if isinstance(error, TickMismatch):
         response.world_tick, response.world_incarnation = error.tick, error.incarnation
     elif isinstance(error, (Moving, WrongServer)):

@@ -13,6 +13,7 @@ waits meanwhile, so holds cannot starve the pool.
 """
 from __future__ import annotations
 
+import asyncio
 import collections
 import threading
 import time
@@ -145,3 +146,10 @@ class WorldQueue:
 
 def _HOLD() -> None:
     """The marker of a hold in a world's queue; never called."""
+
+
+def failed(exc: Exception) -> asyncio.Future:
+    """An operation's answer refused before it was queued (an unknown world, a missing right)."""
+    future = asyncio.get_running_loop().create_future()
+    future.set_exception(exc)
+    return future

@@ -3,9 +3,9 @@
 This is the service itself, transport aside: dbvt-server runs it behind gRPC and `Client.local()`
 calls it in-process (`dbvt_server.local`), so both answer every request (and every bad one) identically. Requests come in
 and responses go out as the generated messages, numpy in between; a query's answer, megabytes of hits,
-goes out serialized straight from the core's arrays (dbvt_client.serialized), and the in-process
-transport parses it. Not thread-safe: callers serialize the calls on one world (the server with one
-lock per world).
+is its message's fields with the core's arrays in them, which the server serializes straight into
+the message that carries it (dbvt_client.serialized) and the in-process transport makes a message of.
+Not thread-safe: callers serialize the calls on one world (the server with one lock per world).
 """
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ import dbvt
 from dbvt import Broadphase, FatPairLimit, HitLimit, validation
 from dbvt_client import wire
 from dbvt_client.errors import InvalidArgument, ResourceExhausted, TickMismatch, quoted
-from dbvt_client.serialized import serialized
 from dbvt_proto.v1 import broadphase_pb2 as pb
 from dbvt_server import images
 
@@ -304,64 +303,65 @@ class World:
                 f"the {count} queries hit more than {self.broadphase.max_hits} proxies, the most one call may return "
                 "(--max-hits-per-call); ask them in smaller calls") from None
 
-    def _answer(self, message_class, request, offsets: np.ndarray, hits: np.ndarray, **columns) -> bytes:
-        """A query's answer, serialized straight from the core's arrays (dbvt_client.serialized); its
-        hits in 32 bits where the request allows it and every id fits, half the bytes to send."""
-        return serialized(message_class, tick=self.tick, incarnation=self.incarnation,
-                          offsets=column(offsets, wire.OFFSETS), **id_columns(request.narrow_ids, hits=hits), **columns)
+    def _answer(self, request, offsets: np.ndarray, hits: np.ndarray, **columns) -> dict:
+        """A query's answer as its message's fields, the core's arrays as the wire's columns, for
+        dbvt_client.serialized to write once, into whatever message carries it; its hits in 32 bits
+        where the request allows it and every id fits, half the bytes to send."""
+        return dict(tick=self.tick, incarnation=self.incarnation, offsets=column(offsets, wire.OFFSETS),
+                    **id_columns(request.narrow_ids, hits=hits), **columns)
 
     @staticmethod
     def _mask(request) -> int | None:
         return request.mask if request.HasField("mask") else None
 
-    def query_aabb(self, request: pb.QueryAabbRequest) -> bytes:
+    def query_aabb(self, request: pb.QueryAabbRequest) -> dict:
         boxes = self._floats(request.boxes, (request.count, 2 * self.dims), "boxes")
         with self._hit_limit(request.count):
             offsets, hits = self.broadphase.query_aabb(boxes, mask=self._mask(request),
                                                        include_sensors=request.include_sensors)
-        return self._answer(pb.QueryAabbResponse, request, offsets, hits)
+        return self._answer(request, offsets, hits)
 
-    def query_sphere(self, request: pb.QuerySphereRequest) -> bytes:
+    def query_sphere(self, request: pb.QuerySphereRequest) -> dict:
         centers = self._floats(request.centers, (request.count, self.dims), "centers")
         radii = wire.decode(request.radii, wire.FLOATS, (request.count,), "radii")
         with self._hit_limit(request.count):
             offsets, hits = self.broadphase.query_sphere(centers, radii, mask=self._mask(request),
                                                          include_sensors=request.include_sensors)
-        return self._answer(pb.QuerySphereResponse, request, offsets, hits)
+        return self._answer(request, offsets, hits)
 
-    def raycast(self, request: pb.RaycastRequest) -> bytes:
+    def raycast(self, request: pb.RaycastRequest) -> dict:
         segments = self._floats(request.segments, (request.count, 2 * self.dims), "segments")
         first_hit = request.mode == pb.RAYCAST_MODE_FIRST_HIT
         with self._hit_limit(request.count):
             offsets, hits, fractions = self.broadphase.raycast(segments, first_hit=first_hit, mask=self._mask(request),
                                                                include_sensors=request.include_sensors)
-        return self._answer(pb.RaycastResponse, request, offsets, hits, fractions=column(fractions, wire.FRACTIONS))
+        return self._answer(request, offsets, hits, fractions=column(fractions, wire.FRACTIONS))
 
-    def query_frustum(self, request: pb.QueryFrustumRequest) -> bytes:
+    def query_frustum(self, request: pb.QueryFrustumRequest) -> dict:
         planes = self._floats(request.planes, (request.count, request.planes_per_query, self.dims + 1), "planes")
         with self._hit_limit(request.count):
             offsets, hits = self.broadphase.query_frustum(planes, mask=self._mask(request),
                                                           include_sensors=request.include_sensors)
-        return self._answer(pb.QueryFrustumResponse, request, offsets, hits)
+        return self._answer(request, offsets, hits)
 
-    def query_nearest(self, request: pb.QueryNearestRequest) -> bytes:
+    def query_nearest(self, request: pb.QueryNearestRequest) -> dict:
         points = self._floats(request.points, (request.count, self.dims), "points")
         reach = request.max_distance if request.HasField("max_distance") else math.inf
         with self._hit_limit(request.count):
             offsets, hits, distances = self.broadphase.query_nearest(
                 points, request.k, reach, mask=self._mask(request), include_sensors=request.include_sensors)
-        return self._answer(pb.QueryNearestResponse, request, offsets, hits, distances=column(distances, wire.FLOATS))
+        return self._answer(request, offsets, hits, distances=column(distances, wire.FLOATS))
 
-    def cast_box(self, request: pb.CastBoxRequest) -> bytes:
+    def cast_box(self, request: pb.CastBoxRequest) -> dict:
         boxes = self._floats(request.boxes, (request.count, 2 * self.dims), "boxes")
         moves = self._floats(request.displacements, (request.count, self.dims), "displacements")
         with self._hit_limit(request.count):
             offsets, hits, fractions = self.broadphase.cast_box(boxes, moves, first_hit=request.first_hit,
                                                                 mask=self._mask(request),
                                                                 include_sensors=request.include_sensors)
-        return self._answer(pb.CastBoxResponse, request, offsets, hits, fractions=column(fractions, wire.FRACTIONS))
+        return self._answer(request, offsets, hits, fractions=column(fractions, wire.FRACTIONS))
 
-    def cast_sphere(self, request: pb.CastSphereRequest) -> bytes:
+    def cast_sphere(self, request: pb.CastSphereRequest) -> dict:
         centers = self._floats(request.centers, (request.count, self.dims), "centers")
         radii = wire.decode(request.radii, wire.FLOATS, (request.count,), "radii")
         moves = self._floats(request.displacements, (request.count, self.dims), "displacements")
@@ -369,7 +369,7 @@ class World:
             offsets, hits, fractions = self.broadphase.cast_sphere(centers, radii, moves, first_hit=request.first_hit,
                                                                    mask=self._mask(request),
                                                                    include_sensors=request.include_sensors)
-        return self._answer(pb.CastSphereResponse, request, offsets, hits, fractions=column(fractions, wire.FRACTIONS))
+        return self._answer(request, offsets, hits, fractions=column(fractions, wire.FRACTIONS))
 
     def pairs(self, request: pb.GetPairsRequest) -> pb.GetPairsResponse:
         return pb.GetPairsResponse(tick=self.tick, incarnation=self.incarnation,

@@ -1100,6 +1100,84 @@ class QueryResponse(_message.Message):
 Global___QueryResponse: _TypeAlias = QueryResponse  # noqa: Y015
 
 @_typing.final
+class StreamQueriesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SEQUENCE_FIELD_NUMBER: _builtins.int
+    QUERY_FIELD_NUMBER: _builtins.int
+    MORE_PARTS_FIELD_NUMBER: _builtins.int
+    TIMEOUT_MS_FIELD_NUMBER: _builtins.int
+    sequence: _builtins.int
+    """Chosen by the client; echoed in the answer to this set."""
+    more_parts: _builtins.bool
+    """More parts of this set follow (same sequence); nothing is asked until the last."""
+    timeout_ms: _builtins.int
+    """On a set's last part: refuse the set, unanswered, with DEADLINE_EXCEEDED if its turn on the
+    world comes later than this many milliseconds after it arrived. 0: no limit.
+    """
+    @_builtins.property
+    def query(self) -> Global___QueryRequest:
+        """One part of the set: every part of a set holds the same kind, world, mask and settings."""
+
+    def __init__(
+        self,
+        *,
+        sequence: _builtins.int = ...,
+        query: Global___QueryRequest | None = ...,
+        more_parts: _builtins.bool = ...,
+        timeout_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["query", b"query"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["more_parts", b"more_parts", "query", b"query", "sequence", b"sequence", "timeout_ms", b"timeout_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StreamQueriesRequest: _TypeAlias = StreamQueriesRequest  # noqa: Y015
+
+@_typing.final
+class StreamQueriesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SEQUENCE_FIELD_NUMBER: _builtins.int
+    ANSWER_FIELD_NUMBER: _builtins.int
+    STATUS_CODE_FIELD_NUMBER: _builtins.int
+    STATUS_MESSAGE_FIELD_NUMBER: _builtins.int
+    MORE_PARTS_FIELD_NUMBER: _builtins.int
+    WORLD_SERVER_FIELD_NUMBER: _builtins.int
+    sequence: _builtins.int
+    status_code: _builtins.int
+    """A google.rpc.Code, 0 (OK) when the set was answered."""
+    status_message: _builtins.str
+    more_parts: _builtins.bool
+    """More parts of this answer follow (same sequence): join their answer's bytes columns."""
+    world_server: _builtins.str
+    """With UNAVAILABLE for a world being moved, or FAILED_PRECONDITION for a world on another server:
+    the host:port it is moving to or lives on (what dbvt-moving and dbvt-owner carry for QueryAabb).
+    """
+    @_builtins.property
+    def answer(self) -> Global___QueryResponse:
+        """Set when the set was answered: the answer of the kind asked, or one part of it."""
+
+    def __init__(
+        self,
+        *,
+        sequence: _builtins.int = ...,
+        answer: Global___QueryResponse | None = ...,
+        status_code: _builtins.int = ...,
+        status_message: _builtins.str = ...,
+        more_parts: _builtins.bool = ...,
+        world_server: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["answer", b"answer"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["answer", b"answer", "more_parts", b"more_parts", "sequence", b"sequence", "status_code", b"status_code", "status_message", b"status_message", "world_server", b"world_server"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StreamQueriesResponse: _TypeAlias = StreamQueriesResponse  # noqa: Y015
+
+@_typing.final
 class GetPairsRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -115,6 +115,11 @@ class BroadphaseServiceStub:
                 request_serializer=dbvt__proto_dot_v1_dot_broadphase__pb2.QueryRequest.SerializeToString,
                 response_deserializer=dbvt__proto_dot_v1_dot_broadphase__pb2.QueryResponse.FromString,
                 _registered_method=True)
+        self.StreamQueries = channel.stream_stream(
+                '/dbvt.v1.BroadphaseService/StreamQueries',
+                request_serializer=dbvt__proto_dot_v1_dot_broadphase__pb2.StreamQueriesRequest.SerializeToString,
+                response_deserializer=dbvt__proto_dot_v1_dot_broadphase__pb2.StreamQueriesResponse.FromString,
+                _registered_method=True)
         self.GetPairs = channel.unary_stream(
                 '/dbvt.v1.BroadphaseService/GetPairs',
                 request_serializer=dbvt__proto_dot_v1_dot_broadphase__pb2.GetPairsRequest.SerializeToString,
@@ -273,6 +278,20 @@ class BroadphaseServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StreamQueries(self, request_iterator, context):
+        """Query sets on one stream kept open, as StreamBatches is for batches: a set costs a message each
+        way instead of a call. Each set is answered at one tick, tagged with its sequence number, as soon
+        as it is done: sets on different worlds do not wait for each other, so answers may come in
+        another order than their sets. A set too big for one message is sent as consecutive parts with
+        the same sequence number, all but the last with more_parts set; an answer too big for one comes
+        in parts the same way. A refused set is answered with its status and the stream goes on. When
+        the server shuts down it answers the sets it has read and ends the stream with OK: a set sent
+        but not answered had no effect (queries change nothing) and can be asked again elsewhere.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetPairs(self, request, context):
         """Every current pair, in one or more parts.
         """
@@ -419,6 +438,11 @@ def add_BroadphaseServiceServicer_to_server(servicer, server):
                     servicer.Query,
                     request_deserializer=dbvt__proto_dot_v1_dot_broadphase__pb2.QueryRequest.FromString,
                     response_serializer=dbvt__proto_dot_v1_dot_broadphase__pb2.QueryResponse.SerializeToString,
+            ),
+            'StreamQueries': grpc.stream_stream_rpc_method_handler(
+                    servicer.StreamQueries,
+                    request_deserializer=dbvt__proto_dot_v1_dot_broadphase__pb2.StreamQueriesRequest.FromString,
+                    response_serializer=dbvt__proto_dot_v1_dot_broadphase__pb2.StreamQueriesResponse.SerializeToString,
             ),
             'GetPairs': grpc.unary_stream_rpc_method_handler(
                     servicer.GetPairs,
@@ -894,6 +918,33 @@ class BroadphaseService:
             '/dbvt.v1.BroadphaseService/Query',
             dbvt__proto_dot_v1_dot_broadphase__pb2.QueryRequest.SerializeToString,
             dbvt__proto_dot_v1_dot_broadphase__pb2.QueryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StreamQueries(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/dbvt.v1.BroadphaseService/StreamQueries',
+            dbvt__proto_dot_v1_dot_broadphase__pb2.StreamQueriesRequest.SerializeToString,
+            dbvt__proto_dot_v1_dot_broadphase__pb2.StreamQueriesResponse.FromString,
             options,
             channel_credentials,
             insecure,

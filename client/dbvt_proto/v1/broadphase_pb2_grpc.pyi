@@ -92,6 +92,16 @@ class BroadphaseServiceStub:
     as one or more parts (consecutive queries of one kind, world and mask) and closes its side; the
     server answers them all at one tick, in one or more parts.
     """
+    StreamQueries: _grpc.StreamStreamMultiCallable[_broadphase_pb2.StreamQueriesRequest, _broadphase_pb2.StreamQueriesResponse]
+    """Query sets on one stream kept open, as StreamBatches is for batches: a set costs a message each
+    way instead of a call. Each set is answered at one tick, tagged with its sequence number, as soon
+    as it is done: sets on different worlds do not wait for each other, so answers may come in
+    another order than their sets. A set too big for one message is sent as consecutive parts with
+    the same sequence number, all but the last with more_parts set; an answer too big for one comes
+    in parts the same way. A refused set is answered with its status and the stream goes on. When
+    the server shuts down it answers the sets it has read and ends the stream with OK: a set sent
+    but not answered had no effect (queries change nothing) and can be asked again elsewhere.
+    """
     GetPairs: _grpc.UnaryStreamMultiCallable[_broadphase_pb2.GetPairsRequest, _broadphase_pb2.GetPairsResponse]
     """Every current pair, in one or more parts."""
     GetSensorPairs: _grpc.UnaryStreamMultiCallable[_broadphase_pb2.GetSensorPairsRequest, _broadphase_pb2.GetSensorPairsResponse]
@@ -162,6 +172,16 @@ class BroadphaseServiceAsyncStub(BroadphaseServiceStub):
     """A query set of any size, answered at one tick, the answer of any size: the client sends the set
     as one or more parts (consecutive queries of one kind, world and mask) and closes its side; the
     server answers them all at one tick, in one or more parts.
+    """
+    StreamQueries: _aio.StreamStreamMultiCallable[_broadphase_pb2.StreamQueriesRequest, _broadphase_pb2.StreamQueriesResponse]  # type: ignore[assignment]
+    """Query sets on one stream kept open, as StreamBatches is for batches: a set costs a message each
+    way instead of a call. Each set is answered at one tick, tagged with its sequence number, as soon
+    as it is done: sets on different worlds do not wait for each other, so answers may come in
+    another order than their sets. A set too big for one message is sent as consecutive parts with
+    the same sequence number, all but the last with more_parts set; an answer too big for one comes
+    in parts the same way. A refused set is answered with its status and the stream goes on. When
+    the server shuts down it answers the sets it has read and ends the stream with OK: a set sent
+    but not answered had no effect (queries change nothing) and can be asked again elsewhere.
     """
     GetPairs: _aio.UnaryStreamMultiCallable[_broadphase_pb2.GetPairsRequest, _broadphase_pb2.GetPairsResponse]  # type: ignore[assignment]
     """Every current pair, in one or more parts."""
@@ -326,6 +346,22 @@ class BroadphaseServiceServicer(metaclass=_abc_1.ABCMeta):
         """A query set of any size, answered at one tick, the answer of any size: the client sends the set
         as one or more parts (consecutive queries of one kind, world and mask) and closes its side; the
         server answers them all at one tick, in one or more parts.
+        """
+
+    @_abc_1.abstractmethod
+    def StreamQueries(
+        self,
+        request_iterator: _MaybeAsyncIterator[_broadphase_pb2.StreamQueriesRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_broadphase_pb2.StreamQueriesResponse], _abc.AsyncIterator[_broadphase_pb2.StreamQueriesResponse]]:
+        """Query sets on one stream kept open, as StreamBatches is for batches: a set costs a message each
+        way instead of a call. Each set is answered at one tick, tagged with its sequence number, as soon
+        as it is done: sets on different worlds do not wait for each other, so answers may come in
+        another order than their sets. A set too big for one message is sent as consecutive parts with
+        the same sequence number, all but the last with more_parts set; an answer too big for one comes
+        in parts the same way. A refused set is answered with its status and the stream goes on. When
+        the server shuts down it answers the sets it has read and ends the stream with OK: a set sent
+        but not answered had no effect (queries change nothing) and can be asked again elsewhere.
         """
 
     @_abc_1.abstractmethod

@@ -1,0 +1,266 @@
+"""StreamQueries, the query stream the SDK keeps open: answers by sequence as each world finishes, sets
+and answers in parts, refusals that leave the stream open, deadlines, and a shutdown that ends it."""
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+
+import grpc
+import numpy as np
+import pytest
+
+from dbvt import reference
+from dbvt_client import AsyncClient, Client, DeadlineExceeded, InvalidArgument, NotFound, Unavailable
+from dbvt_proto.v1 import broadphase_pb2 as pb
+from dbvt_proto.v1 import broadphase_pb2_grpc as pb_grpc
+from servers import ServerProcess, ServerThread, wait_until, world_held
+
+SMALL = 16 * 1024
+# A world whose proxies all overlap one spot: a query over it hits every one, and many such queries
+# keep its thread busy for a while.
+PILE = 2000
+
+
+def pile_boxes() -> np.ndarray:
+    low = np.random.default_rng(3).uniform(0, 0.4, (PILE, 3)).astype(np.float32)
+    return np.concatenate([low, low + 0.6], axis=1)
+
+
+QUIET = np.array([[5, 5, 5, 6, 6, 6]], np.float32)
+
+
+def references() -> dict[str, reference.Broadphase]:
+    """What the server's worlds hold, in the brute-force reference."""
+    worlds = {"pile": reference.Broadphase(dims=3), "quiet": reference.Broadphase(dims=3)}
+    worlds["pile"].create(np.arange(PILE), pile_boxes())
+    worlds["quiet"].create([7], QUIET)
+    return worlds
+
+
+@pytest.fixture(scope="module")
+def server():
+    running = ServerThread(max_message_bytes=SMALL, workers=2)
+    with Client(running.target) as client:
+        client.create_world("pile").apply(create=(np.arange(PILE), pile_boxes()))
+        client.create_world("quiet").apply(create=([7], QUIET))
+    yield running
+    running.stop()
+
+
+def aabb(world: str, boxes, **settings) -> pb.QueryRequest:
+    boxes = np.asarray(boxes, "<f4").reshape(-1, 6)
+    return pb.QueryRequest(aabb=pb.QueryAabbRequest(world=world, count=len(boxes), boxes=boxes.tobytes(), **settings))
+
+
+class RawStream:
+    """A StreamQueries call on a stub: requests put as they are made, answers read as messages."""
+
+    def __init__(self, channel):
+        self._requests: queue.SimpleQueue = queue.SimpleQueue()
+        self._answers = pb_grpc.BroadphaseServiceStub(channel).StreamQueries(iter(self._requests.get, None),
+                                                                             timeout=30)
+
+    def send(self, sequence: int, query: pb.QueryRequest, **fields) -> None:
+        self._requests.put(pb.StreamQueriesRequest(sequence=sequence, query=query, **fields))
+
+    def read(self) -> pb.StreamQueriesResponse:
+        return next(self._answers)
+
+    def close(self) -> list[pb.StreamQueriesResponse]:
+        self._requests.put(None)
+        return list(self._answers)
+
+
+def whole_answers(responses) -> dict[int, pb.QueryAabbResponse]:
+    """Each sequence's answer, its parts joined."""
+    from dbvt_client import parts
+
+    pieces: dict[int, list] = {}
+    for response in responses:
+        assert response.status_code == 0, response.status_message
+        pieces.setdefault(response.sequence, []).append(response.answer.aabb)
+    return {sequence: parts.joined(found) for sequence, found in pieces.items()}
+
+
+def test_a_set_on_an_idle_world_is_answered_before_one_on_a_busy_world(server):
+    with grpc.insecure_channel(server.target) as channel:
+        stream = RawStream(channel)
+        with world_held(server, "pile"):
+            stream.send(1, aabb("pile", [[-1, -1, -1, 2, 2, 2]] * 3))
+            stream.send(2, aabb("quiet", [5, 5, 5, 6, 6, 6]))
+            first = stream.read()
+            assert first.sequence == 2 and np.frombuffer(first.answer.aabb.hits, "<u8").tolist() == [7]
+        rest = [stream.read()]
+        while rest[-1].more_parts:
+            rest.append(stream.read())
+        assert {response.sequence for response in rest} == {1} and len(rest) > 1, "an answer in parts"
+        assert np.frombuffer(whole_answers(rest)[1].hits, "<u8").tolist() == list(range(PILE)) * 3
+        assert stream.close() == []
+
+
+def test_sets_and_answers_in_parts_are_joined_and_exact(server):
+    boxes = np.random.default_rng(5).uniform(-1, 1.5, (1500, 3)).astype(np.float32)
+    boxes = np.concatenate([boxes, boxes + 0.2], axis=1)
+    with Client(server.target) as client:
+        hits = client.world("pile").query_aabb(boxes)
+        tick = client.world("pile").info().tick
+    assert boxes.nbytes > 2 * SMALL and hits.hits.nbytes > 4 * SMALL, "the set and its answer each need parts"
+    offsets, wanted = references()["pile"].query_aabb(boxes)
+    assert np.array_equal(hits.offsets, offsets) and np.array_equal(hits.hits, wanted) and hits.tick == tick
+
+
+FIRST = aabb("pile", [0, 0, 0, 1, 1, 1])
+
+
+@pytest.mark.parametrize("sent, message", [
+    ([pb.QueryRequest()], "query set 1 holds no query"),
+    ([FIRST, aabb("pile", [0, 0, 0, 1, 1, 1], mask=1)], "part 1 of the query set differs from part 0"),
+    ([FIRST, pb.QueryRequest(sphere=pb.QuerySphereRequest(world="pile", count=1, centers=bytes(12), radii=bytes(4)))],
+     "part 1 of query set 1 holds sphere, not aabb"),
+])
+def test_a_bad_set_is_refused_and_the_stream_goes_on(server, sent, message):
+    with grpc.insecure_channel(server.target) as channel:
+        stream = RawStream(channel)
+        for number, part in enumerate(sent, 1):
+            stream.send(1, part, more_parts=number < len(sent))
+        refused = stream.read()
+        assert (refused.sequence, refused.status_code) == (1, grpc.StatusCode.INVALID_ARGUMENT.value[0])
+        assert message in refused.status_message and not refused.HasField("answer")
+        stream.send(2, aabb("nowhere", [0, 0, 0, 1, 1, 1]))
+        unknown = stream.read()
+        assert (unknown.sequence, unknown.status_code) == (2, grpc.StatusCode.NOT_FOUND.value[0])
+        stream.send(3, FIRST)
+        assert stream.read().sequence == 3
+        assert stream.close() == []
+    wait_until(lambda: server.running.service.staged.value == 0)
+
+
+def test_a_set_left_unfinished_or_cut_by_another_is_refused(server):
+    with grpc.insecure_channel(server.target) as channel:
+        stream = RawStream(channel)
+        stream.send(1, aabb("pile", [0, 0, 0, 1, 1, 1]), more_parts=True)
+        stream.send(2, aabb("pile", [0, 0, 0, 1, 1, 1]))
+        cut = stream.read()
+        assert cut.sequence == 2 and "arrived before the last part of query set 1" in cut.status_message
+        stream.send(3, aabb("pile", [0, 0, 0, 1, 1, 1]), more_parts=True)
+        (unfinished,) = stream.close()
+        assert unfinished.sequence == 3 and "ended before the last part of query set 3" in unfinished.status_message
+    wait_until(lambda: server.running.service.staged.value == 0)
+
+
+def test_a_set_whose_turn_comes_after_its_timeout_is_refused_unanswered(server):
+    with grpc.insecure_channel(server.target) as channel:
+        stream = RawStream(channel)
+        with world_held(server, "quiet"):
+            stream.send(1, aabb("quiet", [0, 0, 0, 1, 1, 1]), timeout_ms=1)
+            stream.send(2, aabb("quiet", [0, 0, 0, 1, 1, 1]), timeout_ms=60_000)
+            time.sleep(0.05)
+        late, in_time = stream.read(), stream.read()
+        assert stream.close() == []
+    assert (late.sequence, late.status_code) == (1, grpc.StatusCode.DEADLINE_EXCEEDED.value[0])
+    assert "deadline passed while it waited for its turn" in late.status_message
+    assert (in_time.sequence, in_time.status_code) == (2, 0)
+
+
+def test_threads_share_one_client_and_each_gets_its_own_answers(server):
+    rng = np.random.default_rng(11)
+    sets = [np.concatenate([low, low + rng.uniform(0, 1)], axis=1)
+            for low in rng.uniform(-0.5, 6, (16, 20, 3)).astype(np.float32)]
+    expected = references()
+    wanted = [expected["pile" if n % 4 else "quiet"].query_aabb(boxes)[1].tolist() for n, boxes in enumerate(sets)]
+    got: dict[int, list] = {}
+    with Client(server.target) as client:
+        def ask(number: int) -> None:
+            world = client.world("pile" if number % 4 else "quiet")
+            got[number] = [world.query_aabb(sets[number]).hits.tolist() for _ in range(10)]
+
+        threads = [threading.Thread(target=ask, args=(number,)) for number in range(16)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+    assert all(got[number] == [wanted[number]] * 10 for number in range(16))
+    assert any(wanted) and not all(wanted), "some sets hit proxies and some none"
+
+
+def test_the_async_client_shares_its_stream_between_tasks(server):
+    async def drive():
+        async with AsyncClient(server.target) as client:
+            boxes = [[-1, -1, -1, 2, 2, 2], [5, 5, 5, 6, 6, 6]]
+            answers = await asyncio.gather(*(client.world(("pile", "quiet")[n % 2]).query_aabb(boxes[n % 2:n % 2 + 1])
+                                             for n in range(40)))
+            assert [len(answer.hits) for answer in answers] == [PILE, 1] * 20
+            with pytest.raises(NotFound):
+                await client.world("nowhere").raycast([[0, 0, 0, 1, 1, 1]])
+            with pytest.raises(InvalidArgument, match="min > max"):
+                await client.world("pile").query_aabb([[1, 1, 1, 0, 0, 0]])
+            assert len((await client.world("quiet").query_sphere([[5.5, 5.5, 5.5]], 0.1)).hits) == 1
+
+    asyncio.run(drive())
+
+
+def test_the_clients_timeout_bounds_each_set_and_the_stream_goes_on(server):
+    with Client(server.target, timeout=0.2) as hurried:
+        assert len(hurried.world("quiet").query_aabb([[5, 5, 5, 6, 6, 6]]).hits) == 1
+        with world_held(server, "quiet"):
+            started = time.monotonic()
+            with pytest.raises(DeadlineExceeded, match="within the client's timeout of 0.2 s"):
+                hurried.world("quiet").query_aabb([[5, 5, 5, 6, 6, 6]])
+            assert time.monotonic() - started < 2
+            assert len(hurried.world("pile").query_aabb([[5, 5, 5, 6, 6, 6]]).hits) == 0
+        # The late set's refusal (its timeout went with it) is dropped; the stream answers the next.
+        assert len(hurried.world("quiet").query_aabb([[5, 5, 5, 6, 6, 6]]).hits) == 1
+
+
+def test_an_open_query_stream_does_not_hold_a_shutdown(tmp_path):
+    server = ServerProcess("--grace-seconds", "30")
+    try:
+        client = Client(server.target)
+        world = client.create_world("w")
+        world.apply(create=([1], [[0, 0, 0, 1, 1, 1]]))
+        assert world.query_aabb([[0, 0, 0, 1, 1, 1]]).hits.tolist() == [1]
+        started = time.monotonic()
+        server.process.send_signal(15)
+        assert server.wait(20) == 0
+        assert time.monotonic() - started < 10, "the idle query stream held the server in its grace period"
+        with pytest.raises(Unavailable):
+            world.query_aabb([[0, 0, 0, 1, 1, 1]])
+        client.close()
+    finally:
+        server.kill()
+
+
+def test_a_set_the_server_read_but_never_started_is_asked_again_on_a_new_stream():
+    """At shutdown the server answers the sets it started and ends the stream; one it read but had no
+    room to start yet (SETS_IN_FLIGHT were waiting on a held world) is asked again, on a new stream,
+    which the stopping server refuses: that refusal, not the old stream's end, is what the caller sees."""
+    from dbvt_server.query_stream import SETS_IN_FLIGHT
+
+    server = ServerThread(workers=2)
+    try:
+        with Client(server.target) as client:
+            client.create_world("quiet").apply(create=([7], QUIET))
+            outcomes: list = []
+
+            def ask() -> None:
+                try:
+                    outcomes.append(client.world("quiet").query_aabb(QUIET).hits.tolist())
+                except Unavailable as refused:
+                    outcomes.append(refused.message)
+
+            with world_held(server, "quiet"):
+                askers = [threading.Thread(target=ask) for _ in range(SETS_IN_FLIGHT + 1)]
+                for asker in askers:
+                    asker.start()
+                wait_until(lambda: server.running.servicer.queue_depths()["quiet"] == SETS_IN_FLIGHT)
+                time.sleep(0.2)
+                server._loop.call_soon_threadsafe(server.running.servicer.end_query_streams)
+                time.sleep(0.2)
+            for asker in askers:
+                asker.join(30)
+        assert sorted(outcomes, key=str) == [[7]] * SETS_IN_FLIGHT + [
+            "the query stream was cut off (the server is shutting down: ask another)"]
+    finally:
+        server.stop()
