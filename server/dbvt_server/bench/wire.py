@@ -15,7 +15,8 @@ to a query-only world (track_pairs=False, so nothing comes back but the tick) th
 step once before. The box queries and the ingest are timed in pairs, a call or pass through the
 server and the same in process back to back (alternately first), and a run's ratio is the median of
 its pairs' ratios: the two halves of a pair run within milliseconds of each other, so the machine's
-drift, which moves these short figures by more than their difference, cancels. The
+drift, which moves these short figures by more than their difference, cancels. The SDK's query
+stream is set against unary calls the same way (dbvt_server.bench.query_calls). The
 two-busy-worlds figures are described in dbvt_server.bench.parallel. Last,
 each wire target of issue 17 is shown as the issue states it, with its median and range over the
 runs (the two busy worlds: over the rounds) and whether the median meets it.
@@ -38,6 +39,7 @@ from dbvt_client import Client
 from dbvt_server.bench import console, workload
 from dbvt_server.bench import floor as bench_floor
 from dbvt_server.bench import parallel as bench_parallel
+from dbvt_server.bench import query_calls
 from dbvt_server.bench.console import Progress
 from dbvt_server.bench.workload import Workload
 
@@ -326,6 +328,10 @@ def report(work: Workload, wire: list[dict], local: list[dict]) -> list[str]:
         f"{total_moves / median_of(local, 'quiet_ingest') / 1e6:12.2f}"
         f"{statistics.median(w['ingest_ratio'] for w in wire):8.2f}",
         row(f"{len(work.q_aabb) // 1000}k box queries in one call, ms", "query", 1e3, 2),
+        f"{'on the query stream, x a unary call':40}{'stream':>14}{'call':>12}",
+        *(f"{label:40}{median_of(wire, 'stream_' + key) * 1e3:14.3f}{median_of(wire, 'call_' + key) * 1e3:12.3f}"
+          f"{statistics.median(w[f'stream_{key}_ratio'] for w in wire):8.3f}"
+          for key, label in (("whole", f"  {len(work.q_aabb) // 1000}k box queries, ms"), ("one", "  1 box query, ms"))),
     ]
     if work.expected is not None:
         expected = work.expected["pairs_per_step"][:work.steps]
@@ -373,6 +379,8 @@ def run(args, facts: dict) -> int:
                     side()
                 sys.stderr.write(f"box queries and ingest, in pairs, {label}\n")
                 paired_queries(stepped["wire"], stepped["local"], work, wire[-1], local[-1])
+                wire[-1].update(query_calls.stream_against_calls(target, stepped["wire"], client.max_message_bytes(),
+                                                                 work.q_aabb, in_pairs))
                 client.delete_world(stepped["wire"].name)
                 paired_ingest(client, work, wire[-1], local[-1])
                 sys.stderr.write(f"bare gRPC round trips {label}\n")
