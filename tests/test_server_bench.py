@@ -22,7 +22,9 @@ def test_wire_bench_makes_its_w1_data_and_runs(capsys):
     assert lines[1].startswith("machine: ") and lines[2].startswith("load average (1/5/15 min) at start: ")
     assert lines[-1].startswith("load average (1/5/15 min) at end: ")
     assert "N=3000, 4 steps of 300 moves" in out.out
-    for figure in ("streamed step, tick by tick", "bare gRPC, same sizes and work", "streamed step, 2 ticks in flight",
+    for figure in ("streamed step, tick by tick", "bare gRPC, same sizes and work",
+                   "bare gRPC making the same dbvt calls", "the step beyond it", "streamed step, 2 ticks in flight",
+                   "on the query stream, x a unary call", "1 box query, ms",
                    "M moves/s with pair changes",
                    "move-only ingest (query-only world)",
                    "10k box queries", "10k-query calls/s, server", "10k-query calls/s, in-process",

@@ -6,11 +6,18 @@ thread has applied it. A synchronous client sends messages of a streamed step's 
 each answer, as `BatchStream.apply()` does. The round trip minus the wait is the floor: the thread
 hand-offs, HTTP/2 and the kernel, which any server built this way pays.
 
+A busy wait runs as fast after the thread has slept as before; a W1 step does not (its thread wakes to
+cold caches). So `stepping_floor` also serves the step itself: the same bare server, its pool's
+thread making the same dbvt calls on a dbvt.Broadphase of the same W1 (move, then update), the
+moves and the pair changes sent as raw columns. A streamed step's time beyond that round trip is
+what the service adds to the dbvt calls: its protocol, checks and hand-offs.
+
     python -m dbvt_server.bench.floor --serve     # the child: prints its port, serves until killed
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import statistics
 import struct
@@ -21,8 +28,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
+import numpy as np
 
 METHOD = "/dbvt_bench.Floor/Echo"
+STEPS_METHOD = "/dbvt_bench.Floor/Steps"
+# A move of the stepping floor: its uint64 id, then (in its own column) its six float32 bounds.
+MOVE_BYTES = 8 + 6 * 4
 # A request: seconds to work (float64) and bytes to answer (uint32), then padding to its size.
 HEADER = struct.Struct("<dI")
 ROUNDS = 40
@@ -36,8 +47,34 @@ def _work(seconds: float, answer_bytes: int) -> bytes:
     return bytes(answer_bytes)
 
 
+class _Stepper:
+    """The stepping floor's world: a dbvt.Broadphase made by the first message's boxes, moved by the next."""
+
+    def __init__(self):
+        self.broadphase = None
+
+    def create(self, boxes: bytes) -> bytes:
+        from dbvt import Broadphase
+
+        rows = np.frombuffer(boxes, "<f4").reshape(-1, 6)
+        self.broadphase = Broadphase(dims=3, margin=0.05)
+        self.broadphase.create(np.arange(len(rows), dtype=np.uint64), rows)
+        self.broadphase.update()
+        return b""
+
+    def step(self, moves: bytes) -> bytes:
+        count = len(moves) // MOVE_BYTES
+        ids = np.frombuffer(moves, "<u8", count)
+        boxes = np.frombuffer(moves, "<f4", 6 * count, 8 * count).reshape(count, 6)
+        self.broadphase.move(ids, boxes)
+        begun, ended = self.broadphase.update()
+        # W1's ids fit in 32 bits, and dbvt-server sends them so (narrow_ids) to the SDK.
+        return begun.astype("<u4").tobytes() + ended.astype("<u4").tobytes()
+
+
 async def _serve() -> None:
     pool = ThreadPoolExecutor(max_workers=1)
+    stepper = _Stepper()
 
     async def echo(requests, context):
         loop = asyncio.get_running_loop()
@@ -45,37 +82,66 @@ async def _serve() -> None:
             seconds, answer_bytes = HEADER.unpack_from(request)
             yield await loop.run_in_executor(pool, _work, seconds, answer_bytes)
 
+    async def steps(requests, context):
+        loop = asyncio.get_running_loop()
+        async for request in requests:
+            work = stepper.step if stepper.broadphase is not None else stepper.create
+            yield await loop.run_in_executor(pool, work, request)
+
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", -1)])
-    handler = grpc.stream_stream_rpc_method_handler(echo)
-    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("dbvt_bench.Floor", {"Echo": handler})])
+    handlers = {"Echo": grpc.stream_stream_rpc_method_handler(echo),
+                "Steps": grpc.stream_stream_rpc_method_handler(steps)}
+    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("dbvt_bench.Floor", handlers)])
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     print(port, flush=True)
     await server.wait_for_termination()
 
 
-def floor(work_seconds: float, request_bytes: int, answer_bytes: int, rounds: int = ROUNDS) -> float:
-    """Median seconds a round trip takes beyond `work_seconds` of work on the server's thread."""
+@contextlib.contextmanager
+def _bare_server():
+    """A channel to a bare server in a child process."""
     process = subprocess.Popen([sys.executable, "-m", "dbvt_server.bench.floor", "--serve"],
                                stdout=subprocess.PIPE, text=True, cwd=tempfile.gettempdir())
     try:
         port = int(process.stdout.readline())
-        request = HEADER.pack(work_seconds, answer_bytes).ljust(request_bytes, b"\0")
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-            requests: queue.SimpleQueue = queue.SimpleQueue()
-            answers = channel.stream_stream(METHOD)(iter(requests.get, None))
-            seconds = []
-            for _ in range(WARM_UP + rounds):
-                started = time.perf_counter()
-                requests.put(request)
-                next(answers)
-                seconds.append(time.perf_counter() - started)
-            requests.put(None)
-            list(answers)
-        return statistics.median(seconds[WARM_UP:]) - work_seconds
+        with grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.max_send_message_length", -1)]) as channel:
+            yield channel
     finally:
         process.kill()
         process.wait()
+
+
+def _round_trips(channel, method: str, messages) -> list[float]:
+    """Seconds from sending each message to its answer, one message at a time on one stream."""
+    requests: queue.SimpleQueue = queue.SimpleQueue()
+    answers = channel.stream_stream(method)(iter(requests.get, None))
+    seconds = []
+    for message in messages:
+        started = time.perf_counter()
+        requests.put(message)
+        next(answers)
+        seconds.append(time.perf_counter() - started)
+    requests.put(None)
+    list(answers)
+    return seconds
+
+
+def floor(work_seconds: float, request_bytes: int, answer_bytes: int, rounds: int = ROUNDS) -> float:
+    """Median seconds a round trip takes beyond `work_seconds` of work on the server's thread."""
+    request = HEADER.pack(work_seconds, answer_bytes).ljust(request_bytes, b"\0")
+    with _bare_server() as channel:
+        seconds = _round_trips(channel, METHOD, [request] * (WARM_UP + rounds))
+    return statistics.median(seconds[WARM_UP:]) - work_seconds
+
+
+def stepping_floor(boxes: np.ndarray, move_ids: np.ndarray, move_boxes: np.ndarray) -> float:
+    """Median seconds of a W1 step, tick by tick, through the bare server making the dbvt calls: the
+    first message creates the world from `boxes` (3-D rows), then one message a step."""
+    steps = [ids.astype("<u8").tobytes() + rows.astype("<f4").tobytes() for ids, rows in zip(move_ids, move_boxes)]
+    with _bare_server() as channel:
+        seconds = _round_trips(channel, STEPS_METHOD, [boxes.astype("<f4").tobytes(), *steps])
+    return statistics.median(seconds[1:])
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["--serve"]:

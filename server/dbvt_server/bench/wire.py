@@ -9,8 +9,8 @@ pair changes) and with two ticks in flight (send step t+1, then read step t's an
 stream is built for; the in-process figures beside them are the median and the mean step. Beside the
 tick-by-tick figure stand two controls: bare gRPC with the same message sizes and work time
 (dbvt_server.bench.floor, measured after each run, so that the time beyond it pairs with the run's),
-and the in-process step taken after its thread has slept as long as a
-world thread does between ticks. Move-only ingest streams every step's moves again, all pipelined,
+the in-process step taken after its thread has slept as long as a world thread does between ticks,
+and the same steps through a bare grpc.aio server whose thread makes the same dbvt calls. Move-only ingest streams every step's moves again, all pipelined,
 to a query-only world (track_pairs=False, so nothing comes back but the tick) that has seen every
 step once before. The box queries and the ingest are timed in pairs, a call or pass through the
 server and the same in process back to back (alternately first), and a run's ratio is the median of
@@ -321,6 +321,11 @@ def report(work: Workload, wire: list[dict], local: list[dict]) -> list[str]:
         f"{'  beyond it and bare gRPC, ms':40}"
         f"{statistics.median((w['step'] - l['rested_step'] - w['floor']) * 1e3 for w, l in zip(wire, local)):14.2f}"
         "  (median of the runs)",
+        f"{'  bare gRPC making the same dbvt calls, ms':40}{median_of(wire, 'stepping_floor') * 1e3:14.2f}"
+        "  (the same W1 steps, tick by tick, after each run)",
+        f"{'  the step beyond it, ms':40}"
+        f"{statistics.median((w['step'] - w['stepping_floor']) * 1e3 for w in wire):14.2f}"
+        "  (median of the runs: what the service adds)",
         row(f"streamed step, {STEPS_AHEAD} ticks in flight, ms", "ahead", 1e3, 2),
         f"{'  the same, M moves/s with pair changes':40}{moves / median_of(wire, 'ahead') / 1e6:14.2f}"
         f"{moves / median_of(local, 'ahead') / 1e6:12.2f}",
@@ -385,6 +390,7 @@ def run(args, facts: dict) -> int:
                 paired_ingest(client, work, wire[-1], local[-1])
                 sys.stderr.write(f"bare gRPC round trips {label}\n")
                 wire[-1]["floor"] = wire_floor(work, wire[-1], local[-1])
+                wire[-1]["stepping_floor"] = bench_floor.stepping_floor(work.boxes, work.move_ids, work.move_boxes)
             sys.stderr.write("two busy worlds...\n")
             parallel_wire = bench_parallel.over_the_wire(client, target, work, server_pid, args.window,
                                                         args.repeats)
