@@ -214,6 +214,18 @@ def test_the_clients_timeout_bounds_each_set_and_the_stream_goes_on(server):
         assert len(hurried.world("quiet").query_aabb([[5, 5, 5, 6, 6, 6]]).hits) == 1
 
 
+def test_the_async_clients_timeout_bounds_each_set_too(server):
+    async def drive():
+        async with AsyncClient(server.target, timeout=0.2) as hurried:
+            with world_held(server, "quiet"):
+                with pytest.raises(DeadlineExceeded, match="within the client's timeout of 0.2 s"):
+                    await hurried.world("quiet").query_aabb(QUIET)
+                assert len((await hurried.world("pile").query_aabb(QUIET)).hits) == 0
+            return len((await hurried.world("quiet").query_aabb(QUIET)).hits)
+
+    assert asyncio.run(drive()) == 1
+
+
 def test_an_open_query_stream_does_not_hold_a_shutdown(tmp_path):
     server = ServerProcess("--grace-seconds", "30")
     try:

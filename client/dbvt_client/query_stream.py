@@ -245,17 +245,23 @@ class AsyncQueryStream:
         deadline = None if self._timeout is None else time.monotonic() + self._timeout
         for attempt in range(2):
             remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-            future = asyncio.get_running_loop().create_future()
-            waiting, sequence = await self._send(method, requests, remaining, future)
             try:
-                return await asyncio.wait_for(future, remaining)
+                # The timeout bounds the sending too: a server that reads nothing holds a write back.
+                return await asyncio.wait_for(self._asked(method, requests, remaining), remaining)
             except asyncio.TimeoutError:
-                waiting.forget(sequence)
                 raise _timed_out(self._timeout) from None
             except StreamEnded as ended:
                 if attempt or not _ask_again(ended.error):
                     raise ended.error from None
         raise AssertionError("a set is asked at most twice")
+
+    async def _asked(self, method: str, requests: list, timeout: float | None):
+        future = asyncio.get_running_loop().create_future()
+        waiting, sequence = await self._send(method, requests, timeout, future)
+        try:
+            return await future
+        finally:
+            waiting.forget(sequence)
 
     async def _send(self, method: str, requests: list, timeout: float | None, future) -> tuple[_Waiting, int]:
         async with self._writing:
