@@ -10,6 +10,8 @@ import time
 import grpc
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from dbvt import reference
 from dbvt_client import AsyncClient, Client, DeadlineExceeded, InvalidArgument, NotFound, Unavailable
@@ -109,6 +111,54 @@ def test_sets_and_answers_in_parts_are_joined_and_exact(server):
     assert boxes.nbytes > 2 * SMALL and hits.hits.nbytes > 4 * SMALL, "the set and its answer each need parts"
     offsets, wanted = references()["pile"].query_aabb(boxes)
     assert np.array_equal(hits.offsets, offsets) and np.array_equal(hits.hits, wanted) and hits.tick == tick
+
+
+@st.composite
+def query_sets(draw):
+    """A query set as the stream's messages: its world, boxes, how it is cut into parts, and whether a
+    part is spoiled (another mask, which joined_queries refuses)."""
+    world = draw(st.sampled_from(["pile", "quiet", "never-made"]))
+    count = draw(st.integers(1, 40))
+    low = np.array(draw(st.lists(st.tuples(*[st.integers(-2, 7)] * 3), min_size=count, max_size=count)), np.float32)
+    boxes = np.concatenate([low, low + np.float32(draw(st.sampled_from([0.0, 0.5, 3.0])))], axis=1)
+    cuts = sorted(set(draw(st.lists(st.integers(1, count - 1), max_size=3)))) if count > 1 else []
+    pieces = np.split(boxes, cuts)
+    spoiled = len(pieces) > 1 and draw(st.booleans())
+    parts = [aabb(world, piece, **({"mask": 2} if spoiled and number == len(pieces) - 1 else {}))
+             for number, piece in enumerate(pieces)]
+    return world, boxes, parts, spoiled
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(sets=st.lists(query_sets(), min_size=1, max_size=6))
+def test_any_run_of_sets_in_parts_gets_each_its_exact_answer_or_its_refusal(server, sets):
+    """Sets of random sizes, cut into random parts, on worlds that exist or not, some with a spoiled
+    part: each sequence gets one answer, the reference's hits, or the refusal its fault calls for; and
+    the staged parts are all given back."""
+    expected = references()
+    with grpc.insecure_channel(server.target) as channel:
+        stream = RawStream(channel)
+        for sequence, (_, _, parts, _) in enumerate(sets, 1):
+            for number, part in enumerate(parts, 1):
+                stream.send(sequence, part, more_parts=number < len(parts))
+        responses = stream.close()
+    by_sequence: dict[int, list] = {}
+    for response in responses:
+        by_sequence.setdefault(response.sequence, []).append(response)
+    assert sorted(by_sequence) == list(range(1, len(sets) + 1))
+    for sequence, (world, boxes, _, spoiled) in enumerate(sets, 1):
+        answered = by_sequence[sequence]
+        assert [r.more_parts for r in answered] == [True] * (len(answered) - 1) + [False]
+        if spoiled:
+            assert [r.status_code for r in answered] == [grpc.StatusCode.INVALID_ARGUMENT.value[0]]
+        elif world == "never-made":
+            assert [r.status_code for r in answered] == [grpc.StatusCode.NOT_FOUND.value[0]]
+        else:
+            (answer,) = whole_answers(answered).values()
+            offsets, hits = expected[world].query_aabb(boxes)
+            assert np.frombuffer(answer.offsets, "<i8").tolist() == offsets.tolist()
+            assert np.frombuffer(answer.hits, "<u8").tolist() == hits.tolist()
+    wait_until(lambda: server.running.service.staged.value == 0)
 
 
 FIRST = aabb("pile", [0, 0, 0, 1, 1, 1])
