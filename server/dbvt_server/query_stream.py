@@ -17,83 +17,68 @@ import time
 import grpc
 
 from dbvt_client import parts
-from dbvt_client.errors import InvalidArgument, ResourceExhausted
+from dbvt_client.errors import InvalidArgument
+from dbvt_client.query_stream import QUERY_FIELDS
 from dbvt_client.serialized import serialized
 from dbvt_proto.v1 import broadphase_pb2 as pb
 from dbvt_server import access
 from dbvt_server.decoding import decoded
-from dbvt_server.staging import STAGED_BYTES_PER_PROXY, Hold, StagedBytes, stream_error
+from dbvt_server.staging import Hold, QuerySet, StagedBytes, query_kind, stream_error
 from dbvt_server.world_queue import failed
 from dbvt_server.worlds import WORLD_RPCS, World
 
-# The query RPCs, by the name of their field in a QueryRequest.
-QUERY_KINDS = {"aabb": "QueryAabb", "sphere": "QuerySphere", "raycast": "Raycast", "frustum": "QueryFrustum",
-               "nearest": "QueryNearest", "cast_box": "CastBox", "cast_sphere": "CastSphere"}
+# The query RPCs, by the name of their field in a QueryRequest (the SDK's table, turned round).
+QUERY_KINDS = {field: method for method, field in QUERY_FIELDS.items()}
 # Sets of one stream being answered at once; the stream's next message is read when one is answered,
 # so a client that sends faster than its worlds answer cannot make the server hold more.
 SETS_IN_FLIGHT = 8
 
 
-class QuerySetParts:
-    """The parts of one stream's multi-part query set, until its last part arrives."""
+class StreamedSets:
+    """A query stream's set in parts, staged (dbvt_server.staging.QuerySet) until its last part arrives."""
 
-    def __init__(self, budget: StagedBytes, limit: int):
+    def __init__(self, budget: StagedBytes, max_proxies_per_world: int):
         self._budget = budget
-        self._limit = limit
+        self._max_proxies = max_proxies_per_world
         self._sequence: int | None = None
-        self._pieces: list = []
-        self._hold: Hold | None = None
+        self._set: QuerySet | None = None
 
     def add(self, request: pb.StreamQueriesRequest) -> tuple[str, object, Hold | None] | None:
-        """The set's kind, its one joined request and what it holds of the budget once `request` is its
-        last part; None before. Raises if the parts disagree or cannot be held; the set is then dropped."""
-        kind = request.query.WhichOneof("query")
-        if kind is None:
-            self._drop()
-            raise InvalidArgument(f"query set {request.sequence} holds no query")
-        if self._sequence is None and not request.more_parts:
+        """The set's kind, its one request and what it holds of the budget once `request` is its last
+        part; None before. Raises if the parts disagree or cannot be held; the set is then dropped."""
+        name = f"query set {request.sequence}"
+        if self._set is None and not request.more_parts:
+            # A set in one message is not staged: nothing to hold, nothing to join.
+            kind = query_kind(request.query, name)
             return kind, getattr(request.query, kind), None
-        if self._sequence is not None and request.sequence != self._sequence:
+        if self._set is not None and request.sequence != self._sequence:
             staged = self._sequence
-            self._drop()
-            raise InvalidArgument(f"query set {request.sequence} arrived before the last part of query set "
-                                  f"{staged}; that set is dropped")
-        if self._pieces and self._pieces[0][0] != kind:
-            error = InvalidArgument(f"part {len(self._pieces)} of query set {request.sequence} holds {kind}, "
-                                    f"not {self._pieces[0][0]}; every part must hold the same kind")
-            self._drop()
-            raise error
-        self._sequence = request.sequence
-        self._hold = self._hold or self._budget.hold()
+            self.drop()
+            raise InvalidArgument(f"{name} arrived before the last part of query set {staged}; that set is dropped")
+        if self._set is None:
+            self._sequence, self._set = request.sequence, QuerySet(self._budget, self._max_proxies, name)
         try:
-            self._hold.take(request.query.ByteSize(), f"part {len(self._pieces)} of query set {request.sequence}")
-            if self._hold.size > self._limit:
-                raise ResourceExhausted(f"a query set of more than {self._limit} bytes cannot be held (as a batch "
-                                        "of a world of the server's limit of proxies could need)")
-        except ResourceExhausted:
-            self._drop()
-            raise
-        self._pieces.append((kind, getattr(request.query, kind)))
-        if request.more_parts:
-            return None
-        pieces, hold = [piece for _, piece in self._pieces], self._hold
-        self._sequence, self._pieces, self._hold = None, [], None
-        try:
-            return kind, parts.joined_queries(pieces), hold
+            self._set.add(request.query)
+            if request.more_parts:
+                return None
+            whole = self._set.joined()
         except Exception:
-            hold.release()
+            self.drop()
             raise
+        kind, hold = self._set.kind, self._set.hold
+        self._sequence, self._set = None, None
+        return kind, whole, hold
 
     def unfinished(self) -> int | None:
         """The sequence of a set whose last part never came, dropped; None if there is none."""
         sequence = self._sequence
-        self._drop()
+        self.drop()
         return sequence
 
-    def _drop(self) -> None:
-        if self._hold is not None:
-            self._hold.release()
-        self._sequence, self._pieces, self._hold = None, [], None
+    def drop(self) -> None:
+        if self._set is not None:
+            self._set.hold.release()
+        self._sequence, self._set = None, None
 
 
 class QueryStreamRpcs:
@@ -139,8 +124,7 @@ class QueryStreamRpcs:
 
     async def _start_query_sets(self, request_iterator, answers: asyncio.Queue, window: asyncio.Semaphore) -> None:
         """Each complete set of the stream started on its world; its answer queued when it is done."""
-        limit = STAGED_BYTES_PER_PROXY * self.service.limits.max_proxies_per_world
-        staging = QuerySetParts(self.service.staged, limit)
+        staging = StreamedSets(self.service.staged, self.service.limits.max_proxies_per_world)
         started: set[asyncio.Future] = set()
 
         def answer_when_done(sequence: int, kind: str | None, outcome: asyncio.Future, hold: Hold | None) -> None:

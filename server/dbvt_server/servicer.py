@@ -19,7 +19,7 @@ from concurrent.futures import Executor
 import grpc
 
 from dbvt_client import parts
-from dbvt_client.errors import DbvtError, DeadlineExceeded, InvalidArgument, ResourceExhausted, quoted
+from dbvt_client.errors import DbvtError, DeadlineExceeded, ResourceExhausted, quoted
 from dbvt_client.serialized import serialized
 from dbvt_proto.v1 import broadphase_pb2 as pb
 from dbvt_proto.v1 import broadphase_pb2_grpc as pb_grpc
@@ -33,7 +33,7 @@ from dbvt_server.move_rpcs import MoveRpcs
 from dbvt_server.query_stream import QUERY_KINDS, QueryStreamRpcs
 from dbvt_server.sensor_rpcs import SensorRpcs
 from dbvt_server.service import ANSWER_TYPES, Service
-from dbvt_server.staging import STAGED_BYTES_PER_PROXY, BatchStaging, Hold, stream_error, unfinished_error
+from dbvt_server.staging import BatchStaging, QuerySet, stream_error, unfinished_error
 from dbvt_server.world_queue import WorldQueue, failed
 from dbvt_server.worlds import WORLD_RPCS, World, overlap
 
@@ -290,38 +290,21 @@ class BroadphaseServicer(ImageRpcs, SensorRpcs, MoveRpcs, QueryStreamRpcs, pb_gr
     async def Query(self, request_iterator, context):
         """The parts of a query set, joined, answered at one tick as one operation on the world, in parts."""
         # The set's bytes count against the staging budget until the call ends, however it ends.
-        kind, hold = None, self.service.staged.hold()
+        query_set = QuerySet(self.service.staged, self.service.limits.max_proxies_per_world, "the query set")
         try:
             try:
-                kind, request = await self._query_set(request_iterator, hold)
+                async for request in request_iterator:
+                    decoded(request)
+                    query_set.add(request)
+                request = query_set.joined()
             except Exception as exc:
-                await self._abort(context, QUERY_KINDS.get(kind, "Query"), None, exc)
-            async for part in self._answer_in_parts(QUERY_KINDS[kind], request, context, parts.PART_OVERHEAD):
-                yield serialized(pb.QueryResponse, **{kind: part}) if isinstance(part, bytes) else \
-                    pb.QueryResponse(**{kind: part})
+                await self._abort(context, QUERY_KINDS.get(query_set.kind, "Query"), None, exc)
+            async for part in self._answer_in_parts(QUERY_KINDS[query_set.kind], request, context,
+                                                    parts.PART_OVERHEAD):
+                yield serialized(pb.QueryResponse, **{query_set.kind: part}) if isinstance(part, bytes) else \
+                    pb.QueryResponse(**{query_set.kind: part})
         finally:
-            hold.release()
-
-    async def _query_set(self, request_iterator, hold: Hold) -> tuple[str, object]:
-        """The query kind and the one request its parts make, their bytes taken into `hold`; a set is
-        bounded as a staged batch is."""
-        kind, pieces = None, []
-        limit = STAGED_BYTES_PER_PROXY * self.service.limits.max_proxies_per_world
-        async for request in request_iterator:
-            decoded(request)
-            part_kind = request.WhichOneof("query")
-            if part_kind is None or (kind is not None and part_kind != kind):
-                raise InvalidArgument(f"part {len(pieces)} of the query set holds {part_kind or 'no query'}, "
-                                      f"not {kind or 'a query'}; every part must hold the same kind")
-            kind = part_kind
-            pieces.append(getattr(request, kind))
-            hold.take(request.ByteSize(), f"part {len(pieces) - 1} of a query set")
-            if hold.size > limit:
-                raise ResourceExhausted(f"a query set of more than {limit} bytes cannot be held "
-                                        "(as a batch of a world of the server's limit of proxies could need)")
-        if not pieces:
-            raise InvalidArgument("the query set has no parts")
-        return kind, parts.joined_queries(pieces)
+            query_set.hold.release()
 
     async def StreamBatches(self, request_iterator, context):
         """Answers in order of arrival, while the next batches are already being read and started.

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 
-from dbvt_client import wire
+from dbvt_client import parts, wire
 from dbvt_client.errors import DbvtError, InvalidArgument, Moving, ResourceExhausted, TickMismatch, WrongServer, quoted
 from dbvt_proto.v1 import broadphase_pb2 as pb
 
@@ -124,6 +124,42 @@ class BatchStaging:
     def _drop(self) -> None:
         self._hold.release()
         self._key, self._parts = None, {}
+
+
+def query_kind(query: pb.QueryRequest, name: str, number: int = 0, kind: str | None = None) -> str:
+    """The kind of part `number` of query set `name`, which must be `kind` when one is known."""
+    found = query.WhichOneof("query")
+    if found is None or (kind is not None and found != kind):
+        raise InvalidArgument(f"part {number} of {name} holds {found or 'no query'}, not {kind or 'a query'}; "
+                              "every part must hold the same kind")
+    return found
+
+
+class QuerySet:
+    """The parts of one query set (a Query call's, or one set of a query stream) until the last: one
+    kind, their bytes held within the budget and within what a batch of a world of the server's limit
+    of proxies could need. Whatever raises leaves the caller to release `hold`."""
+
+    def __init__(self, budget: StagedBytes, max_proxies_per_world: int, name: str):
+        self.name = name
+        self.hold = budget.hold()
+        self.kind: str | None = None
+        self._limit = STAGED_BYTES_PER_PROXY * max_proxies_per_world
+        self._pieces: list = []
+
+    def add(self, query: pb.QueryRequest) -> None:
+        self.kind = query_kind(query, self.name, len(self._pieces), self.kind)
+        self._pieces.append(getattr(query, self.kind))
+        self.hold.take(query.ByteSize(), f"part {len(self._pieces) - 1} of {self.name}")
+        if self.hold.size > self._limit:
+            raise ResourceExhausted(f"a query set of more than {self._limit} bytes cannot be held (as a batch of a "
+                                    "world of the server's limit of proxies could need)")
+
+    def joined(self):
+        """The set's one request: its parts' counts added up and columns concatenated."""
+        if not self._pieces:
+            raise InvalidArgument(f"{self.name} has no parts")
+        return self._pieces[0] if len(self._pieces) == 1 else parts.joined_queries(self._pieces)
 
 
 def unfinished_error(key: tuple[str, int]) -> InvalidArgument:
