@@ -7,10 +7,11 @@ each answer, as `BatchStream.apply()` does. The round trip minus the wait is the
 hand-offs, HTTP/2 and the kernel, which any server built this way pays.
 
 A busy wait runs as fast after the thread has slept as before; a W1 step does not (its thread wakes to
-cold caches). So `stepping_floor` also serves the step itself: the same bare server, its pool's
+cold caches). So `paired_steps` also serves the step itself: the same bare server, its pool's
 thread making the same dbvt calls on a dbvt.Broadphase of the same W1 (move, then update), the
-moves and the pair changes sent as raw columns. A streamed step's time beyond that round trip is
-what the service adds to the dbvt calls: its protocol, checks and hand-offs.
+moves and the pair changes sent as raw columns, each step sent to it and to dbvt-server one after the
+other. A streamed step's time beyond the bare server's is what the service adds to the dbvt calls:
+its protocol, checks and hand-offs.
 
     python -m dbvt_server.bench.floor --serve     # the child: prints its port, serves until killed
 """
@@ -26,6 +27,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
 
 import grpc
 import numpy as np
@@ -135,13 +137,42 @@ def floor(work_seconds: float, request_bytes: int, answer_bytes: int, rounds: in
     return statistics.median(seconds[WARM_UP:]) - work_seconds
 
 
-def stepping_floor(boxes: np.ndarray, move_ids: np.ndarray, move_boxes: np.ndarray) -> float:
-    """Median seconds of a W1 step, tick by tick, through the bare server making the dbvt calls: the
-    first message creates the world from `boxes` (3-D rows), then one message a step."""
-    steps = [ids.astype("<u8").tobytes() + rows.astype("<f4").tobytes() for ids, rows in zip(move_ids, move_boxes)]
+def paired_steps(apply_step: Callable[[int], object], boxes: np.ndarray, move_ids: np.ndarray,
+                 move_boxes: np.ndarray) -> tuple[list[float], list[float]]:
+    """Seconds of each W1 step, tick by tick, through `apply_step(step)` (a dbvt-server stream) and
+    through the bare server making the same dbvt calls, the two sent one after the other, alternately
+    first. Pairing step by step cancels the machine's drift, which moves a run's median step by more
+    than the difference (run by run, it ranged from -0.5 to 1.9 ms). Each world's thread rests while
+    the other steps, so both steps start colder than tick by tick alone: the difference is the figure.
+    The bare server's messages are made beforehand, as the busy-waiting floor's are, so the difference
+    includes the SDK's encoding of each step."""
+    def timed(send) -> float:
+        started = time.perf_counter()
+        send()
+        return time.perf_counter() - started
+
+    messages = [ids.astype("<u8").tobytes() + rows.astype("<f4").tobytes() for ids, rows in zip(move_ids, move_boxes)]
+    served: list[float] = []
+    bare: list[float] = []
     with _bare_server() as channel:
-        seconds = _round_trips(channel, STEPS_METHOD, [boxes.astype("<f4").tobytes(), *steps])
-    return statistics.median(seconds[1:])
+        requests: queue.SimpleQueue = queue.SimpleQueue()
+        answers = channel.stream_stream(STEPS_METHOD)(iter(requests.get, None))
+
+        def bare_step(message: bytes) -> None:
+            requests.put(message)
+            next(answers)
+
+        bare_step(boxes.astype("<f4").tobytes())
+        for step, message in enumerate(messages):
+            if step % 2:
+                bare.append(timed(lambda: bare_step(message)))
+                served.append(timed(lambda: apply_step(step)))
+            else:
+                served.append(timed(lambda: apply_step(step)))
+                bare.append(timed(lambda: bare_step(message)))
+        requests.put(None)
+        list(answers)
+    return served, bare
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["--serve"]:

@@ -10,9 +10,10 @@ stream is built for; the in-process figures beside them are the median and the m
 tick-by-tick figure stand two controls: bare gRPC with the same message sizes and work time
 (dbvt_server.bench.floor, measured after each run, so that the time beyond it pairs with the run's),
 the in-process step taken after its thread has slept as long as a world thread does between ticks,
-and the same steps through a bare grpc.aio server whose thread makes the same dbvt calls. Move-only ingest streams every step's moves again, all pipelined,
-to a query-only world (track_pairs=False, so nothing comes back but the tick) that has seen every
-step once before. The box queries and the ingest are timed in pairs, a call or pass through the
+and the same steps through a bare grpc.aio server whose thread makes the same dbvt calls, each
+step paired with the same step through the server on a new world. Move-only ingest streams every
+step's moves again, all pipelined, to a query-only world (track_pairs=False, so nothing comes back
+but the tick) that has seen every step once before. The box queries and the ingest are timed in pairs, a call or pass through the
 server and the same in process back to back (alternately first), and a run's ratio is the median of
 its pairs' ratios: the two halves of a pair run within milliseconds of each other, so the machine's
 drift, which moves these short figures by more than their difference, cancels. The SDK's query
@@ -253,6 +254,21 @@ def wire_floor(work: Workload, wire: dict, local: dict) -> float:
     return bench_floor.floor(local["step"], request_bytes, int(wire["answer_bytes"]))
 
 
+def beside_same_calls(client: Client, work: Workload) -> dict:
+    """The W1 steps tick by tick on a new world, each paired with the same step through a bare grpc.aio
+    server making the same dbvt calls (dbvt_server.bench.floor.paired_steps): the medians of the bare
+    server's steps and of each step's time beyond it."""
+    world = fresh_world(client, "dbvt-bench-paired")
+    world.apply(create=(work.ids, work.boxes))
+    with world.stream() as stream:
+        served, bare = bench_floor.paired_steps(
+            lambda step: stream.apply(move=(work.move_ids[step], work.move_boxes[step])),
+            work.boxes, work.move_ids, work.move_boxes)
+    client.delete_world(world.name)
+    return dict(same_calls=statistics.median(bare),
+                beyond_same_calls=statistics.median(s - b for s, b in zip(served, bare)))
+
+
 def spread(values: list[float], digits: int = 2) -> str:
     """The median and the range of `values`."""
     return f"{statistics.median(values):.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
@@ -276,6 +292,10 @@ def targets(wire: list[dict], local: list[dict], queries: int, parallel_wire: di
         ("tick by tick, beyond in-process and bare gRPC, ms",
          [((w["step"] - l["step"]) - w["floor"]) * 1e3 for w, l in zip(wire, local)], "<= 0.3 ms", 0.3, None,
          "runs"),
+        # Beside the target as the issue states it: the same step against the same dbvt calls through
+        # a bare server, which pays what only a busy wait escapes (the thread waking to cold caches).
+        ("  the same beyond bare gRPC making the same calls, ms", [w["beyond_same_calls"] * 1e3 for w in wire],
+         "<= 0.3 ms", 0.3, None, "runs"),
         # Throughput against throughput: the in-process seconds over the wire's, for the same moves.
         ("move-only ingest, x in-process throughput", [w["ingest_ratio"] for w in wire], ">= 0.6x", None, 0.6,
          "runs"),
@@ -321,11 +341,10 @@ def report(work: Workload, wire: list[dict], local: list[dict]) -> list[str]:
         f"{'  beyond it and bare gRPC, ms':40}"
         f"{statistics.median((w['step'] - l['rested_step'] - w['floor']) * 1e3 for w, l in zip(wire, local)):14.2f}"
         "  (median of the runs)",
-        f"{'  bare gRPC making the same dbvt calls, ms':40}{median_of(wire, 'stepping_floor') * 1e3:14.2f}"
-        "  (the same W1 steps, tick by tick, after each run)",
-        f"{'  the step beyond it, ms':40}"
-        f"{statistics.median((w['step'] - w['stepping_floor']) * 1e3 for w in wire):14.2f}"
-        "  (median of the runs: what the service adds)",
+        f"{'  bare gRPC making the same dbvt calls, ms':40}{median_of(wire, 'same_calls') * 1e3:14.2f}"
+        "  (the same W1 steps, each paired with one through the server)",
+        f"{'  the step beyond it, ms':40}{median_of(wire, 'beyond_same_calls') * 1e3:14.2f}"
+        "  (median of the pairs: what the service adds)",
         row(f"streamed step, {STEPS_AHEAD} ticks in flight, ms", "ahead", 1e3, 2),
         f"{'  the same, M moves/s with pair changes':40}{moves / median_of(wire, 'ahead') / 1e6:14.2f}"
         f"{moves / median_of(local, 'ahead') / 1e6:12.2f}",
@@ -390,7 +409,7 @@ def run(args, facts: dict) -> int:
                 paired_ingest(client, work, wire[-1], local[-1])
                 sys.stderr.write(f"bare gRPC round trips {label}\n")
                 wire[-1]["floor"] = wire_floor(work, wire[-1], local[-1])
-                wire[-1]["stepping_floor"] = bench_floor.stepping_floor(work.boxes, work.move_ids, work.move_boxes)
+                wire[-1].update(beside_same_calls(client, work))
             sys.stderr.write("two busy worlds...\n")
             parallel_wire = bench_parallel.over_the_wire(client, target, work, server_pid, args.window,
                                                         args.repeats)
