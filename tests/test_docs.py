@@ -176,6 +176,8 @@ def exported_metrics() -> set[str]:
         with Client(server.target) as client:
             client.create_world("scraped").apply(create=([1], [[0, 0, 0, 1, 1, 1]]))
             client.world("scraped").query_aabb([[0, 0, 0, 1, 1, 1]])
+            with client.world("scraped").stream() as stream:
+                stream.apply(move=([1], [[0, 0, 0, 2, 2, 2]]))
             with pytest.raises(DbvtError):
                 client.world("nowhere").pairs()
         port = server.running.metrics_endpoint.port

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from dbvt_client import Client, Create, NotFound
+from dbvt_client import Client, Create, NotFound, ResourceExhausted
 from dbvt_client.routing import owner
 from servers import ServerProcess, ServerThread
 
@@ -48,7 +48,7 @@ def server():
 def test_counters_equal_the_calls_made_and_gauges_the_worlds_state(server):
     port = server.running.metrics_endpoint.port
     with Client(server.target) as client:
-        world = client.create_world("metered")
+        world = client.create_world("metered", max_proxies=10)
         for i in range(5):
             world.apply(create=([10 * i + 1, 10 * i + 2], BOXES[:2] + 10 * i))
         world.apply(move=([1], BOXES[2:]), destroy=[2])
@@ -60,6 +60,8 @@ def test_counters_equal_the_calls_made_and_gauges_the_worlds_state(server):
             client.world("nowhere").raycast(BOXES)
         with world.stream() as stream:
             stream.apply(destroy=[11])
+            with pytest.raises(ResourceExhausted, match="limit of 10"):
+                stream.apply(create=([100, 101, 102], BOXES))
             open_streams = scrape(port)[("dbvt_stream_connections",)]
         samples = scrape(port)
     assert open_streams == 1 and samples[("dbvt_stream_connections",)] == 0
@@ -67,6 +69,9 @@ def test_counters_equal_the_calls_made_and_gauges_the_worlds_state(server):
     assert requests[(("code", "OK"), ("method", "ApplyBatch"))] == 6
     assert requests[(("code", "NOT_FOUND"), ("method", "GetPairs"))] == 1
     assert requests[(("code", "OK"), ("method", "StreamBatches"))] == 1
+    # A batch refused inside a stream is answered there while the stream goes on: it counts by itself.
+    streamed = {key[1][1]: value for key, value in samples.items() if key[0] == "dbvt_streamed_batches_total"}
+    assert streamed == {"OK": 1, "RESOURCE_EXHAUSTED": 1}
     assert samples[("dbvt_rpc_duration_seconds_count", ("method", "ApplyBatch"))] == 6
     # The SDK asks its queries on one query stream, which counts as a call once it ends; its sets count one by one.
     sets = {key[1:]: value for key, value in samples.items() if key[0] == "dbvt_streamed_query_sets_total"}

@@ -40,6 +40,8 @@ class Metrics:
         self.query_set_duration = Histogram("dbvt_streamed_query_set_seconds", "time from the last part of each "
                                             "query set on StreamQueries to its answer", ["method"],
                                             buckets=DURATION_BUCKETS, registry=self.registry)
+        self.streamed_batches = Counter("dbvt_streamed_batches", "batches answered on StreamBatches, by the status "
+                                        "of their answer", ["code"], registry=self.registry)
         self.operations = Counter("dbvt_batch_operations", "proxies created, moved and destroyed by applied batches",
                                   ["op"], registry=self.registry)
         ProcessCollector(registry=self.registry)
@@ -54,6 +56,10 @@ class Metrics:
             rows = len(getattr(batch, column)) // 8
             if rows:
                 self.operations.labels(op).inc(rows)
+
+    def count_streamed_batch(self, code: grpc.StatusCode) -> None:
+        """A batch answered (or refused) on a batch stream, which the interceptor counts as one call."""
+        self.streamed_batches.labels(code.name).inc()
 
     def count_query_set(self, method: str, started: float, code: grpc.StatusCode) -> None:
         """A query set answered (or refused) on a query stream, which the interceptor counts as one call."""

@@ -325,8 +325,11 @@ class BroadphaseServicer(ImageRpcs, SensorRpcs, MoveRpcs, QueryStreamRpcs, pb_gr
                 try:
                     result = await outcome
                 except Exception as exc:
-                    yield stream_error(sequence, self._rejections.log("StreamBatches", world, exc))
+                    error = self._rejections.log("StreamBatches", world, exc)
+                    self._count_streamed_batch(error.code)
+                    yield stream_error(sequence, error)
                 else:
+                    self._count_streamed_batch(grpc.StatusCode.OK)
                     for response in _stream_parts(sequence, result, self._max_message_bytes):
                         yield response
                 window.release()
@@ -364,6 +367,10 @@ class BroadphaseServicer(ImageRpcs, SensorRpcs, MoveRpcs, QueryStreamRpcs, pb_gr
         finally:
             staging.unfinished()
             answers.put_nowait(None)
+
+    def _count_streamed_batch(self, code: grpc.StatusCode) -> None:
+        if self.metrics is not None:
+            self.metrics.count_streamed_batch(code)
 
     def _start_batch(self, name: str, batch: pb.Batch, narrow_ids: bool) -> asyncio.Future:
         try:
