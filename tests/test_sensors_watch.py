@@ -26,12 +26,15 @@ SENSORS = 40
 class Scene:
     """A small W1 world with sphere sensors that all move every tick, and its reference."""
 
-    def __init__(self, world, n=600, seed=3, sensor_margin=0.5):
+    def __init__(self, world, n=600, seed=3, sensor_margin=0.5, small_ids=False):
         self.world = world
         self.w1 = W1World(n, dims=3, seed=seed)
+        if small_ids:
+            # Every id below 2^32, so that answers and feeds may narrow them.
+            self.w1.ids = np.arange(1, n + 1, dtype=np.uint64)
         self.ref = reference.Broadphase(dims=3, margin=0.05, sensor_margin=sensor_margin)
         rng = np.random.default_rng(seed)
-        self.sensor_ids = np.arange(SENSORS, dtype=np.uint64) + np.uint64(1 << 62)
+        self.sensor_ids = np.arange(SENSORS, dtype=np.uint64) + np.uint64(10**6 if small_ids else 1 << 62)
         self.centres = rng.uniform(0, self.w1.side, size=(SENSORS, 3))
         self.velocity = rng.normal(size=(SENSORS, 3))
         self.radius = 6.0
@@ -121,6 +124,49 @@ def test_two_watchers_on_their_own_connections_match_the_reference_at_every_tick
     assert_folds_to_the_reference(got[0], scene.sets)
     assert_folds_to_the_reference(got[1], scene.sets, sensors=scene.sensor_ids[:10])
     assert all((events.entered[:, 0] < scene.sensor_ids[10]).all() for events in got[1])
+
+
+def raw_feed(channel, world: str, narrow_ids: bool, until_tick: int, into: list) -> None:
+    """A feed read with the generated stub: its messages as they came."""
+    stub = pb_grpc.BroadphaseServiceStub(channel)
+    for message in stub.WatchSensors(pb.WatchSensorsRequest(world=world, narrow_ids=narrow_ids), timeout=30):
+        into.append(message)
+        if message.tick >= until_tick:
+            return
+
+
+def test_a_feed_of_ids_that_fit_32_bits_comes_in_32_bits_to_watchers_that_allow_it(server):
+    """The same ticks to a watcher that allows ids of 32 bits and to one that does not: each message
+    in its own width, the same rows in both, and the SDK's watcher exact against the reference."""
+    with Client(server.target) as writer, Client(server.target) as reader, \
+            grpc.insecure_channel(server.target) as channel:
+        world = writer.create_world("narrow-feed", sensor_margin=0.5)
+        scene = Scene(world, small_ids=True)
+        scene.start()
+        narrow, wide, sdk = [], [], []
+        feed = reader.world("narrow-feed").watch()
+        readers = [threading.Thread(target=raw_feed, args=(channel, "narrow-feed", True, 11, narrow)),
+                   threading.Thread(target=raw_feed, args=(channel, "narrow-feed", False, 11, wide)),
+                   threading.Thread(target=collect, args=(feed, 11, sdk))]
+        for thread in readers:
+            thread.start()
+        for _ in range(10):
+            scene.step()
+        for thread in readers:
+            thread.join(20)
+        feed.close()
+        writer.delete_world("narrow-feed")
+    assert_folds_to_the_reference(sdk, scene.sets)
+    rows_of = {}
+    for messages, dtype in ((narrow, "<u4"), (wide, "<u8")):
+        assert messages and messages[-1].tick >= 11
+        for message in messages:
+            assert message.narrow_ids == (dtype == "<u4")
+            rows = [np.frombuffer(getattr(message, column), dtype).reshape(-1, 2).tolist()
+                    for column in ("entered", "left", "inside")]
+            rows_of.setdefault(dtype, {})[message.tick] = rows
+    assert rows_of["<u4"] == rows_of["<u8"]
+    assert any(rows[0] for rows in rows_of["<u4"].values()), "sensors entered while watched"
 
 
 def test_a_watcher_that_stops_reading_gets_a_resync_and_is_right_again():

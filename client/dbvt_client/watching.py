@@ -20,7 +20,7 @@ from dbvt_proto.v1 import broadphase_pb2 as pb
 
 
 def watch_request(world: str, sensors, from_tick) -> pb.WatchSensorsRequest:
-    request = pb.WatchSensorsRequest(world=world)
+    request = pb.WatchSensorsRequest(world=world, narrow_ids=True)
     if sensors is not None:
         request.sensors = wire.ids_array(sensors, "sensors").tobytes()
     if from_tick is not None:
@@ -31,11 +31,12 @@ def watch_request(world: str, sensors, from_tick) -> pb.WatchSensorsRequest:
 
 
 def decoded(response: pb.WatchSensorsResponse) -> SensorEvents:
+    narrow = response.narrow_ids
     return SensorEvents(tick=response.tick, incarnation=response.incarnation,
-                        entered=wire.decode_rows(response.entered, wire.IDS, 2, "entered").copy(),
-                        left=wire.decode_rows(response.left, wire.IDS, 2, "left").copy(),
+                        entered=wire.decode_id_rows(response.entered, narrow, "entered"),
+                        left=wire.decode_id_rows(response.left, narrow, "left"),
                         resync=response.resync,
-                        inside=wire.decode_rows(response.inside, wire.IDS, 2, "inside").copy())
+                        inside=wire.decode_id_rows(response.inside, narrow, "inside"))
 
 
 class _Joiner:

@@ -74,7 +74,7 @@ class LocalTransport:
                     woken.clear()
                     items, tick, closed = watcher.take()
                     for events in items:
-                        yield events.message()
+                        yield events.message(request.narrow_ids)
                     if closed is not None and not items:
                         raise closed
                     if not items and not watcher.needs_resync and not woken.wait(HEARTBEAT_SECONDS):

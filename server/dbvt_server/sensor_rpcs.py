@@ -39,7 +39,7 @@ class SensorRpcs:
                 ready.clear()
                 items, tick, closed = watcher.take()
                 for events in items:
-                    for part in _watch_parts(events, self._max_message_bytes):
+                    for part in _watch_parts(events, request.narrow_ids, self._max_message_bytes):
                         yield part
                 if closed is not None and not items:
                     await self._abort(context, "WatchSensors", request, closed)
@@ -67,14 +67,14 @@ def _resync_on_world(world: World, watcher: Watcher) -> None:
     world.feed.resync(watcher, world.broadphase.sensor_pairs())
 
 
-def _watch_parts(events, max_bytes: int):
-    """A tick's message, serialized once for every watcher, or its parts when it does not fit (a big
-    resync)."""
-    serialized = events.serialized()
+def _watch_parts(events, narrow_ids: bool, max_bytes: int):
+    """A tick's message, serialized once for every watcher of the same id width, or its parts when it
+    does not fit (a big resync)."""
+    serialized = events.serialized(narrow_ids)
     if len(serialized) <= max_bytes:
         yield serialized
         return
-    pieces = list(parts.cut(events.message(), max_bytes - parts.PART_OVERHEAD))
+    pieces = list(parts.cut(events.message(narrow_ids), max_bytes - parts.PART_OVERHEAD))
     for number, piece in enumerate(pieces, 1):
         piece.more_parts = number < len(pieces)
         yield piece

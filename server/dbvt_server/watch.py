@@ -23,6 +23,7 @@ import numpy as np
 from dbvt_client import wire
 from dbvt_client.errors import DbvtError, InvalidArgument
 from dbvt_proto.v1 import broadphase_pb2 as pb
+from dbvt_server.worlds import id_columns, message_fields
 
 NO_ROWS = np.zeros((0, 2), np.uint64)
 
@@ -36,22 +37,27 @@ class TickEvents:
     entered: np.ndarray = field(default_factory=lambda: NO_ROWS)
     left: np.ndarray = field(default_factory=lambda: NO_ROWS)
     inside: np.ndarray | None = None
-    _message: pb.WatchSensorsResponse | None = None
-    _serialized: bytes | None = None
+    # The message and its bytes, by whether the watchers they are for allow ids of 32 bits.
+    _messages: dict = field(default_factory=dict, compare=False, repr=False)
+    _serialized: dict = field(default_factory=dict, compare=False, repr=False)
 
-    def message(self) -> pb.WatchSensorsResponse:
-        """The tick as the protocol sends it, built once however many watchers share it."""
-        if self._message is None:
-            self._message = pb.WatchSensorsResponse(
-                tick=self.tick, incarnation=self.incarnation, entered=_packed(self.entered), left=_packed(self.left),
-                resync=self.inside is not None, inside=_packed(self.inside) if self.inside is not None else b"")
-        return self._message
+    def message(self, narrow_ids: bool) -> pb.WatchSensorsResponse:
+        """The tick as the protocol sends it to watchers that allow (`narrow_ids`) ids of 32 bits or
+        not, built once however many watchers share it."""
+        if narrow_ids not in self._messages:
+            rows = dict(entered=self.entered, left=self.left)
+            if self.inside is not None:
+                rows["inside"] = self.inside
+            self._messages[narrow_ids] = pb.WatchSensorsResponse(
+                tick=self.tick, incarnation=self.incarnation, resync=self.inside is not None,
+                **message_fields(id_columns(narrow_ids, **rows)))
+        return self._messages[narrow_ids]
 
-    def serialized(self) -> bytes:
+    def serialized(self, narrow_ids: bool) -> bytes:
         """The message's bytes, serialized once however many watchers send them."""
-        if self._serialized is None:
-            self._serialized = self.message().SerializeToString()
-        return self._serialized
+        if narrow_ids not in self._serialized:
+            self._serialized[narrow_ids] = self.message(narrow_ids).SerializeToString()
+        return self._serialized[narrow_ids]
 
     def only(self, sensors: np.ndarray) -> "TickEvents | None":
         """These events for some sensors (sorted ids), or None when none of them are about those."""
@@ -60,10 +66,6 @@ class TickEvents:
         if not len(entered) and not len(left):
             return None
         return TickEvents(self.tick, self.incarnation, entered, left)
-
-
-def _packed(rows: np.ndarray) -> bytes:
-    return np.ascontiguousarray(rows, wire.IDS).tobytes()
 
 
 class Watcher:

@@ -1518,21 +1518,25 @@ class WatchSensorsRequest(_message.Message):
     WORLD_FIELD_NUMBER: _builtins.int
     SENSORS_FIELD_NUMBER: _builtins.int
     FROM_TICK_FIELD_NUMBER: _builtins.int
+    NARROW_IDS_FIELD_NUMBER: _builtins.int
     world: _builtins.str
     sensors: _builtins.bytes
     """uint64 ids of the sensors to watch; empty watches every sensor."""
     from_tick: _builtins.int
     """Replay the events after this tick when the world still holds them; otherwise start with a resync."""
+    narrow_ids: _builtins.bool
+    """The watcher reads ids of 32 bits: each message whose ids all fit sends them so (its narrow_ids)."""
     def __init__(
         self,
         *,
         world: _builtins.str = ...,
         sensors: _builtins.bytes = ...,
         from_tick: _builtins.int | None = ...,
+        narrow_ids: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_from_tick", b"_from_tick", "from_tick", b"from_tick"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_from_tick", b"_from_tick", "from_tick", b"from_tick", "sensors", b"sensors", "world", b"world"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_from_tick", b"_from_tick", "from_tick", b"from_tick", "narrow_ids", b"narrow_ids", "sensors", b"sensors", "world", b"world"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__from_tick: _TypeAlias = _typing.Literal["from_tick"]  # noqa: Y015
     _WhichOneofArgType__from_tick: _TypeAlias = _typing.Literal["_from_tick", b"_from_tick"]  # noqa: Y015
@@ -1544,7 +1548,8 @@ Global___WatchSensorsRequest: _TypeAlias = WatchSensorsRequest  # noqa: Y015
 class WatchSensorsResponse(_message.Message):
     """One tick of a watcher's feed. Folding the messages in order gives the exact set at each tick:
     a resync replaces the set by `inside`; otherwise `left` rows leave it and `entered` rows join it.
-    Rows are uint64 [sensor, proxy], sorted. A message without events is a heartbeat.
+    Rows are [sensor, proxy], sorted, of uint64 ids (uint32 with narrow_ids). A message without events
+    is a heartbeat.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -1556,6 +1561,7 @@ class WatchSensorsResponse(_message.Message):
     RESYNC_FIELD_NUMBER: _builtins.int
     INSIDE_FIELD_NUMBER: _builtins.int
     MORE_PARTS_FIELD_NUMBER: _builtins.int
+    NARROW_IDS_FIELD_NUMBER: _builtins.int
     tick: _builtins.int
     incarnation: _builtins.int
     entered: _builtins.bytes
@@ -1564,6 +1570,8 @@ class WatchSensorsResponse(_message.Message):
     inside: _builtins.bytes
     more_parts: _builtins.bool
     """More parts of this message follow (same tick): join their bytes columns."""
+    narrow_ids: _builtins.bool
+    """entered, left and inside hold uint32 ids: the request allowed it and every id of the message fits."""
     def __init__(
         self,
         *,
@@ -1574,10 +1582,11 @@ class WatchSensorsResponse(_message.Message):
         resync: _builtins.bool = ...,
         inside: _builtins.bytes = ...,
         more_parts: _builtins.bool = ...,
+        narrow_ids: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["entered", b"entered", "incarnation", b"incarnation", "inside", b"inside", "left", b"left", "more_parts", b"more_parts", "resync", b"resync", "tick", b"tick"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entered", b"entered", "incarnation", b"incarnation", "inside", b"inside", "left", b"left", "more_parts", b"more_parts", "narrow_ids", b"narrow_ids", "resync", b"resync", "tick", b"tick"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
