@@ -11,7 +11,8 @@ tick-by-tick figure stand two controls: bare gRPC with the same message sizes an
 (dbvt_server.bench.floor, measured after each run, so that the time beyond it pairs with the run's),
 the in-process step taken after its thread has slept as long as a world thread does between ticks,
 and the same steps through a bare grpc.aio server whose thread makes the same dbvt calls, each
-step paired with the same step through the server on a new world. Move-only ingest streams every
+step paired with the same step through the server on a new world, PAIRED_PASSES passes over the
+steps. Move-only ingest streams every
 step's moves again, all pipelined, to a query-only world (track_pairs=False, so nothing comes back
 but the tick) that has seen every step once before. The box queries and the ingest are timed in pairs, a call or pass through the
 server and the same in process back to back (alternately first), and a run's ratio is the median of
