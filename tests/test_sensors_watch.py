@@ -77,6 +77,16 @@ def collect(feed, until_tick, into):
             return
 
 
+def read_while_stepping(scene, steps: int, readers: list) -> None:
+    """The readers started, the scene stepped, then the readers waited for."""
+    for reader in readers:
+        reader.start()
+    for _ in range(steps):
+        scene.step()
+    for reader in readers:
+        reader.join(20)
+
+
 def assert_folds_to_the_reference(messages, sets, sensors=None):
     folded = SensorSet()
     assert messages and messages[0].resync, "a feed starts with a resync"
@@ -112,13 +122,8 @@ def test_two_watchers_on_their_own_connections_match_the_reference_at_every_tick
         scene.start()
         feeds = [one.world("watched").watch(), two.world("watched").watch(sensors=scene.sensor_ids[:10])]
         got = [[], []]
-        readers = [threading.Thread(target=collect, args=(feed, 21, into)) for feed, into in zip(feeds, got)]
-        for reader in readers:
-            reader.start()
-        for _ in range(20):
-            scene.step()
-        for reader in readers:
-            reader.join(20)
+        read_while_stepping(scene, 20, [threading.Thread(target=collect, args=(feed, 21, into))
+                                        for feed, into in zip(feeds, got)])
         for feed in feeds:
             feed.close()
     assert_folds_to_the_reference(got[0], scene.sets)
@@ -145,15 +150,10 @@ def test_a_feed_of_ids_that_fit_32_bits_comes_in_32_bits_to_watchers_that_allow_
         scene.start()
         narrow, wide, sdk = [], [], []
         feed = reader.world("narrow-feed").watch()
-        readers = [threading.Thread(target=raw_feed, args=(channel, "narrow-feed", True, 11, narrow)),
-                   threading.Thread(target=raw_feed, args=(channel, "narrow-feed", False, 11, wide)),
-                   threading.Thread(target=collect, args=(feed, 11, sdk))]
-        for thread in readers:
-            thread.start()
-        for _ in range(10):
-            scene.step()
-        for thread in readers:
-            thread.join(20)
+        read_while_stepping(scene, 10, [
+            threading.Thread(target=raw_feed, args=(channel, "narrow-feed", True, 11, narrow)),
+            threading.Thread(target=raw_feed, args=(channel, "narrow-feed", False, 11, wide)),
+            threading.Thread(target=collect, args=(feed, 11, sdk))])
         feed.close()
         writer.delete_world("narrow-feed")
     assert_folds_to_the_reference(sdk, scene.sets)
