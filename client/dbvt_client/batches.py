@@ -6,6 +6,7 @@ part arrives, so the batch stays atomic however big it is.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,7 +82,7 @@ class _Column:
     def __init__(self, field: str, values: np.ndarray):
         self.field = field
         self.values = values
-        self.row_bytes = values[:1].nbytes if len(values) else values.itemsize * int(np.prod(values.shape[1:]))
+        self.row_bytes = values.itemsize * math.prod(values.shape[1:])
 
 
 def _boxes_for(ids: np.ndarray, boxes, name: str) -> np.ndarray:

@@ -47,10 +47,10 @@ def varint(value: int) -> bytes:
 
 @lru_cache(maxsize=None)
 def _layout(message_class) -> dict:
-    """Each field's name: (its key bytes, type, whether set-but-default values are still written, and a
-    message field's class)."""
+    """Each field's name: (its number and name, which order the fields, then its key bytes, type,
+    whether set-but-default values are still written, and a message field's class)."""
     layout, empty = {}, message_class()
-    for field in sorted(message_class.DESCRIPTOR.fields, key=lambda f: f.number):
+    for field in message_class.DESCRIPTOR.fields:
         if field.is_repeated:
             continue  # no protocol message serialized here has repeated fields
         if field.type in _LENGTH_DELIMITED:
@@ -62,7 +62,8 @@ def _layout(message_class) -> dict:
         else:
             continue
         inner = type(getattr(empty, field.name)) if field.type == FieldDescriptor.TYPE_MESSAGE else None
-        layout[field.name] = (varint(field.number << 3 | wire_type), field.type, field.has_presence, inner)
+        layout[field.name] = (field.number, field.name, varint(field.number << 3 | wire_type), field.type,
+                              field.has_presence, inner)
     return layout
 
 
@@ -78,15 +79,14 @@ def serialized(message_class, **fields) -> bytes:
 def _pieces(message_class, fields: dict) -> tuple[list, int]:
     """The message's serialized pieces, not yet joined, and their total size."""
     layout = _layout(message_class)
-    unknown = fields.keys() - layout.keys()
-    if unknown:
-        raise TypeError(f"{message_class.DESCRIPTOR.full_name} has no field {sorted(unknown)[0]!r} serialized here")
+    try:
+        # The given fields alone, in the layout's (field number) order: a message is mostly unset.
+        given = sorted((layout[name], value) for name, value in fields.items() if value is not None)
+    except KeyError as exc:
+        raise TypeError(f"{message_class.DESCRIPTOR.full_name} has no field {exc.args[0]!r} serialized here") from None
     pieces: list = []
     total = 0
-    for name, (key, kind, presence, inner_class) in layout.items():
-        value = fields.get(name)
-        if value is None:
-            continue
+    for (_, name, key, kind, presence, inner_class), value in given:
         if kind in _LENGTH_DELIMITED:
             if isinstance(value, dict):
                 inner, size = _pieces(inner_class, value)

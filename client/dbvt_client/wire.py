@@ -40,13 +40,18 @@ def ids_array(ids, name: str) -> np.ndarray:
 
 
 def float_array(values, name: str, ndim: int) -> np.ndarray:
-    try:
-        # Values beyond float32 become infinite, which the world refuses by row; numpy's warning about
-        # the cast would only come first.
-        with np.errstate(over="ignore"):
-            arr = np.asarray(values, dtype=FLOATS)
-    except (TypeError, ValueError) as exc:
-        raise InvalidArgument(f"{name} must be numeric: {exc}") from None
+    if isinstance(values, np.ndarray) and values.dtype == FLOATS:
+        # Already the wire's: no cast, so nothing can overflow, and no error state to set (which took
+        # a third of a streamed step's encoding when the caches were cold).
+        arr = values
+    else:
+        try:
+            # Values beyond float32 become infinite, which the world refuses by row; numpy's warning
+            # about the cast would only come first.
+            with np.errstate(over="ignore"):
+                arr = np.asarray(values, dtype=FLOATS)
+        except (TypeError, ValueError) as exc:
+            raise InvalidArgument(f"{name} must be numeric: {exc}") from None
     if arr.size == 0 and arr.ndim < ndim:
         arr = arr.reshape((0,) * ndim)
     if arr.ndim != ndim:
