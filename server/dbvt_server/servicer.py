@@ -83,20 +83,21 @@ class BroadphaseServicer(ImageRpcs, SensorRpcs, MoveRpcs, QueryStreamRpcs, pb_gr
         self._serializing_functions = {method: _serializing(function, ANSWER_TYPES[method])
                                        for method, function in self._world_functions.items()}
 
-    def _applied(self, world: World, batch: pb.Batch, narrow_ids: bool) -> dict:
-        """On the world's thread: a batch applied, and counted when metrics are on; its result's fields."""
+    def _applied(self, world: World, batch: pb.Batch, narrow_ids: bool) -> bytes:
+        """On the world's thread: a batch applied, and counted when metrics are on; its BatchResult
+        serialized there, straight from the pair arrays."""
         result = world.applied(batch, narrow_ids)
         if self.metrics is not None:
             self.metrics.count_batch(batch)
         return result
 
     def apply(self, world: World, batch: pb.Batch) -> bytes:
-        """A streamed batch applied; its BatchResult serialized there, straight from the pair arrays."""
-        return serialized(pb.BatchResult, **self._applied(world, batch, False))
+        """A streamed batch applied; its BatchResult serialized."""
+        return self._applied(world, batch, False)
 
     def apply_narrow(self, world: World, batch: pb.Batch) -> bytes:
         """`apply` for a batch whose last part allowed ids of 32 bits in its result."""
-        return serialized(pb.BatchResult, **self._applied(world, batch, True))
+        return self._applied(world, batch, True)
 
     def apply_batch(self, world: World, request: pb.ApplyBatchRequest) -> bytes:
         return serialized(pb.ApplyBatchResponse, result=self._applied(world, request.batch, request.narrow_ids))

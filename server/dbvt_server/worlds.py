@@ -4,7 +4,8 @@ This is the service itself, transport aside: dbvt-server runs it behind gRPC and
 calls it in-process (`dbvt_server.local`), so both answer every request (and every bad one) identically. Requests come in
 and responses go out as the generated messages, numpy in between; a query's answer, megabytes of hits,
 is its message's fields with the core's arrays in them, which the server serializes straight into
-the message that carries it (dbvt_client.serialized) and the in-process transport makes a message of.
+the message that carries it (dbvt_client.serialized) and the in-process transport makes a message of;
+a batch's answer, every tick, comes serialized in one pass over its pairs (dbvt_server._result_bytes).
 Not thread-safe: callers serialize the calls on one world (the server with one lock per world).
 """
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dbvt_client import wire
 from dbvt_client.errors import InvalidArgument, ResourceExhausted, TickMismatch, quoted
 from dbvt_proto.v1 import broadphase_pb2 as pb
 from dbvt_server import images
+from dbvt_server._result_bytes import batch_result
 
 BATCH_OPS = ("create_ids", "move_ids", "destroy_ids")
 # The pairs of fat boxes (grown by the margin) a world may hold per pair of its limit, while a batch
@@ -117,12 +119,12 @@ class World:
     # ---- batches -------------------------------------------------------------------------------
     def apply(self, batch: pb.Batch, narrow_ids: bool = False) -> pb.BatchResult:
         """The batch applied (see `applied`), and its result."""
-        return pb.BatchResult(**message_fields(self.applied(batch, narrow_ids)))
+        return pb.BatchResult.FromString(self.applied(batch, narrow_ids))
 
-    def applied(self, batch: pb.Batch, narrow_ids: bool = False) -> dict:
-        """Validate the whole batch, journal it (a persistent world), apply it, then update(); the
-        fields of its BatchResult, the pairs as arrays (for dbvt_client.serialized), in 32 bits where
-        `narrow_ids` allows it (see id_columns).
+    def applied(self, batch: pb.Batch, narrow_ids: bool = False) -> bytes:
+        """Validate the whole batch, journal it (a persistent world), apply it, then update(); its
+        BatchResult serialized, the pairs in 32 bits where `narrow_ids` allows it (the rule of
+        id_columns, in one pass: dbvt_server._result_bytes).
 
         create runs first: the core checks its own arguments before changing anything. The move and
         destroy ids are checked against the world beforehand whenever an earlier step could already
@@ -141,8 +143,7 @@ class World:
             self.files.applied(self)
         if self.feed is not None:
             self.feed.publish(self.tick, entered, left)
-        return dict(tick=self.tick, incarnation=self.incarnation,
-                    **id_columns(narrow_ids, begun=begun, ended=ended, entered=entered, left=left))
+        return batch_result(self.tick, self.incarnation, begun, ended, entered, left, narrow_ids)
 
     def _checked_apply(self, batch: pb.Batch) -> tuple[np.ndarray, np.ndarray]:
         dims, bp = self.dims, self.broadphase
