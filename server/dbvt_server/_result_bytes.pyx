@@ -97,33 +97,28 @@ def batch_result(uint64_t tick, uint64_t incarnation, const uint64_t[:, ::1] beg
                  const uint64_t[:, ::1] entered, const uint64_t[:, ::1] left, bint narrow_allowed) -> bytes:
     """The serialized BatchResult of a tick: its pair changes and sensor events as `(m, 2)` uint64
     rows, in 32 bits when `narrow_allowed` and every id of the four fits."""
-    cdef bint narrow
-    cdef Py_ssize_t total
-    cdef bytes result
-    cdef uint8_t *out
-    with nogil:
-        narrow = narrow_allowed and fits_narrow(begun) and fits_narrow(ended) and fits_narrow(entered) \
-            and fits_narrow(left)
-        total = ((1 + varint_size(tick) if tick else 0)
-                 + column_size(begun.shape[0] * 2, narrow) + column_size(ended.shape[0] * 2, narrow)
-                 + (1 + varint_size(incarnation) if incarnation else 0)
-                 + column_size(entered.shape[0] * 2, narrow) + column_size(left.shape[0] * 2, narrow)
-                 + (2 if narrow else 0))
-    result = PyBytes_FromStringAndSize(NULL, total)
-    out = <uint8_t *>PyBytes_AS_STRING(result)
-    # The bytes object is this function's alone until it returns: filling it needs no GIL.
-    with nogil:
-        if tick:
-            out[0] = TICK_KEY
-            out = put_varint(out + 1, tick)
-        out = put_column(out, BEGUN_KEY, begun, narrow)
-        out = put_column(out, ENDED_KEY, ended, narrow)
-        if incarnation:
-            out[0] = INCARNATION_KEY
-            out = put_varint(out + 1, incarnation)
-        out = put_column(out, ENTERED_KEY, entered, narrow)
-        out = put_column(out, LEFT_KEY, left, narrow)
-        if narrow:
-            out[0] = NARROW_IDS_KEY
-            out[1] = 1
+    # All of it holding the GIL: a tick's answer is tens of microseconds of work, and letting the GIL
+    # go would only let the event loop take it first, and the world's thread wait to get it back.
+    cdef bint narrow = narrow_allowed and fits_narrow(begun) and fits_narrow(ended) and fits_narrow(entered) \
+        and fits_narrow(left)
+    cdef Py_ssize_t total = ((1 + varint_size(tick) if tick else 0)
+                             + column_size(begun.shape[0] * 2, narrow) + column_size(ended.shape[0] * 2, narrow)
+                             + (1 + varint_size(incarnation) if incarnation else 0)
+                             + column_size(entered.shape[0] * 2, narrow) + column_size(left.shape[0] * 2, narrow)
+                             + (2 if narrow else 0))
+    cdef bytes result = PyBytes_FromStringAndSize(NULL, total)
+    cdef uint8_t *out = <uint8_t *>PyBytes_AS_STRING(result)
+    if tick:
+        out[0] = TICK_KEY
+        out = put_varint(out + 1, tick)
+    out = put_column(out, BEGUN_KEY, begun, narrow)
+    out = put_column(out, ENDED_KEY, ended, narrow)
+    if incarnation:
+        out[0] = INCARNATION_KEY
+        out = put_varint(out + 1, incarnation)
+    out = put_column(out, ENTERED_KEY, entered, narrow)
+    out = put_column(out, LEFT_KEY, left, narrow)
+    if narrow:
+        out[0] = NARROW_IDS_KEY
+        out[1] = 1
     return result
