@@ -1,5 +1,6 @@
 """A batch's answer serialized in one pass (dbvt_server._result_bytes) is, byte for byte, what the
-generated message serializes from the same columns narrowed by the rule of `id_columns`."""
+generated message serializes from the same columns narrowed by the rule of `id_columns`; and the
+stream's message around it what `dbvt_client.serialized` writes."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dbvt_proto.v1 import broadphase_pb2 as pb
-from dbvt_server._result_bytes import batch_result
+from dbvt_client.serialized import serialized
+from dbvt_server._result_bytes import batch_result, stream_answer
 from dbvt_server.worlds import id_columns, message_fields
 
 U64 = 2**64 - 1
@@ -45,3 +47,13 @@ def test_a_tick_of_many_pairs_narrows_only_when_every_id_fits():
     pairs[1234, 1] = 2**32
     wide = pb.BatchResult.FromString(batch_result(9, 3, empty, empty, empty, pairs, True))
     assert not wide.narrow_ids and np.array_equal(np.frombuffer(wide.left, "<u8").reshape(-1, 2), pairs)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, U64), columns(), st.integers(0, U64), st.booleans())
+def test_the_streams_message_is_the_one_serialized_writes(sequence, rows, tick, narrow_allowed):
+    result = batch_result(tick, 1, rows["begun"], rows["ended"], rows["entered"], rows["left"], narrow_allowed)
+    answer = stream_answer(sequence, result)
+    assert answer == serialized(pb.StreamBatchesResponse, sequence=sequence, result=result)
+    parsed = pb.StreamBatchesResponse.FromString(answer)
+    assert parsed.sequence == sequence and parsed.result.SerializeToString() == result

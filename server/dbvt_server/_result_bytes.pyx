@@ -1,5 +1,5 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False
-"""A batch's answer, serialized in one pass over its pairs.
+"""A batch's answer, serialized in one pass over its pairs, and the stream's message around it.
 
 A streamed tick's answer is a `BatchResult`: the tick, the pairs that began and ended, the sensor
 events, each column narrowed to 32-bit ids when the request allows it and every id of the four fits
@@ -13,6 +13,7 @@ order, proto3 defaults left out); tests/test_result_bytes.py holds it to that.
 """
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from libc.stdint cimport uint8_t, uint32_t, uint64_t
+from libc.string cimport memcpy
 
 # BatchResult's fields: number << 3 | wire type (0 varint, 2 length-delimited).
 cdef enum:
@@ -122,3 +123,27 @@ def batch_result(uint64_t tick, uint64_t incarnation, const uint64_t[:, ::1] beg
         out[0] = NARROW_IDS_KEY
         out[1] = 1
     return result
+
+
+# StreamBatchesResponse's fields that carry a batch's answer.
+cdef enum:
+    SEQUENCE_KEY = 1 << 3
+    RESULT_KEY = 2 << 3 | 2
+
+
+def stream_answer(uint64_t sequence, const uint8_t[::1] result) -> bytes:
+    """The StreamBatchesResponse that answers batch `sequence` of a stream with `result` (a serialized
+    BatchResult): what `serialized(pb.StreamBatchesResponse, sequence=..., result=...)` writes, made on
+    the world's thread, so that the event loop only sends it."""
+    cdef Py_ssize_t size = result.shape[0]
+    cdef Py_ssize_t total = (1 + varint_size(sequence) if sequence else 0) + 1 + varint_size(size) + size
+    cdef bytes answer = PyBytes_FromStringAndSize(NULL, total)
+    cdef uint8_t *out = <uint8_t *>PyBytes_AS_STRING(answer)
+    if sequence:
+        out[0] = SEQUENCE_KEY
+        out = put_varint(out + 1, sequence)
+    out[0] = RESULT_KEY
+    out = put_varint(out + 1, size)
+    if size:
+        memcpy(out, &result[0], size)
+    return answer

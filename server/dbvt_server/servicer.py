@@ -24,6 +24,7 @@ from dbvt_client.serialized import serialized
 from dbvt_proto.v1 import broadphase_pb2 as pb
 from dbvt_proto.v1 import broadphase_pb2_grpc as pb_grpc
 from dbvt_server import access, handlers
+from dbvt_server._result_bytes import stream_answer
 from dbvt_server.access import by_whom
 from dbvt_server.decoding import bytes_or, decoded, tolerant
 from dbvt_server.image_rpcs import ImageRpcs
@@ -91,13 +92,15 @@ class BroadphaseServicer(ImageRpcs, SensorRpcs, MoveRpcs, QueryStreamRpcs, pb_gr
             self.metrics.count_batch(batch)
         return result
 
-    def apply(self, world: World, batch: pb.Batch) -> bytes:
-        """A streamed batch applied; its BatchResult serialized."""
-        return self._applied(world, batch, False)
+    def apply(self, world: World, numbered: tuple[int, pb.Batch]) -> bytes:
+        """A streamed batch applied: the stream's answer to it, serialized whole."""
+        sequence, batch = numbered
+        return stream_answer(sequence, self._applied(world, batch, False))
 
-    def apply_narrow(self, world: World, batch: pb.Batch) -> bytes:
+    def apply_narrow(self, world: World, numbered: tuple[int, pb.Batch]) -> bytes:
         """`apply` for a batch whose last part allowed ids of 32 bits in its result."""
-        return self._applied(world, batch, True)
+        sequence, batch = numbered
+        return stream_answer(sequence, self._applied(world, batch, True))
 
     def apply_batch(self, world: World, request: pb.ApplyBatchRequest) -> bytes:
         return serialized(pb.ApplyBatchResponse, result=self._applied(world, request.batch, request.narrow_ids))
@@ -324,14 +327,14 @@ class BroadphaseServicer(ImageRpcs, SensorRpcs, MoveRpcs, QueryStreamRpcs, pb_gr
             while (answer := await answers.get()) is not None:
                 sequence, world, outcome = answer
                 try:
-                    result = await outcome
+                    applied = await outcome
                 except Exception as exc:
                     error = self._rejections.log("StreamBatches", world, exc)
                     self._count_streamed_batch(error.code)
                     yield stream_error(sequence, error)
                 else:
                     self._count_streamed_batch(grpc.StatusCode.OK)
-                    for response in _stream_parts(sequence, result, self._max_message_bytes):
+                    for response in _stream_parts(sequence, applied, self._max_message_bytes):
                         yield response
                 window.release()
             try:
@@ -359,7 +362,8 @@ class BroadphaseServicer(ImageRpcs, SensorRpcs, MoveRpcs, QueryStreamRpcs, pb_gr
                 if batch is not None:
                     await window.acquire()
                     answers.put_nowait((request.sequence, request.world,
-                                        self._start_batch(request.world, batch, request.narrow_ids)))
+                                        self._start_batch(request.world, request.sequence, batch,
+                                                          request.narrow_ids)))
             # The client closed its side with a batch half sent: that batch is answered, not forgotten.
             unfinished = staging.unfinished()
             if unfinished is not None:
@@ -373,10 +377,11 @@ class BroadphaseServicer(ImageRpcs, SensorRpcs, MoveRpcs, QueryStreamRpcs, pb_gr
         if self.metrics is not None:
             self.metrics.count_streamed_batch(code)
 
-    def _start_batch(self, name: str, batch: pb.Batch, narrow_ids: bool) -> asyncio.Future:
+    def _start_batch(self, name: str, sequence: int, batch: pb.Batch, narrow_ids: bool) -> asyncio.Future:
         try:
             access.require(RIGHTS["StreamBatches"], name)
-            return self._start(self.service.world(name), self.apply_narrow if narrow_ids else self.apply, batch)
+            return self._start(self.service.world(name), self.apply_narrow if narrow_ids else self.apply,
+                               (sequence, batch))
         except Exception as exc:
             return failed(exc)
 
@@ -404,12 +409,14 @@ def _unless_late(function, deadline: float):
 STREAM_READ_AHEAD = 4
 
 
-def _stream_parts(sequence: int, result: bytes, max_bytes: int):
-    """A batch's serialized result as the stream's answers: itself wrapped, or cut into parts."""
-    if len(result) <= max_bytes - parts.PART_OVERHEAD:
-        yield serialized(pb.StreamBatchesResponse, sequence=sequence, result=result)
+def _stream_parts(sequence: int, answer: bytes, max_bytes: int):
+    """A batch's answer, serialized whole on the world's thread (`stream_answer`), as the stream's
+    messages: itself, or its result cut into parts."""
+    if len(answer) <= max_bytes - parts.PART_OVERHEAD:
+        yield answer
         return
-    pieces = list(parts.cut(pb.BatchResult.FromString(result), max_bytes - parts.PART_OVERHEAD))
+    result = pb.StreamBatchesResponse.FromString(answer).result
+    pieces = list(parts.cut(result, max_bytes - parts.PART_OVERHEAD))
     for number, piece in enumerate(pieces, 1):
         yield pb.StreamBatchesResponse(sequence=sequence, result=piece, more_parts=number < len(pieces))
 
