@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from dbvt import reference
-from dbvt_client import Client, Create, InvalidArgument, NotFound, ResourceExhausted, SensorSet
+from dbvt_client import Client, Create, InvalidArgument, NotFound, ResourceExhausted, SensorSet, watching
 from dbvt_proto.v1 import broadphase_pb2 as pb
 from dbvt_proto.v1 import broadphase_pb2_grpc as pb_grpc
 from servers import ServerThread, async_client
@@ -171,6 +171,11 @@ def test_a_feed_of_ids_that_fit_32_bits_comes_in_32_bits_to_watchers_that_allow_
             inside = (inside - rows["left"]) | rows["entered"]
             assert inside == set(map(tuple, scene.sets[message.tick].tolist())), (dtype, message.tick)
     assert any(message.entered for message in narrow[1:]), "sensors entered while watched"
+
+
+def test_the_sdk_asks_its_feeds_for_ids_of_32_bits():
+    assert watching.watch_request("w", None, None).narrow_ids
+    assert watching.watch_request("w", [1, 2], 5).narrow_ids
 
 
 def test_a_watcher_that_stops_reading_gets_a_resync_and_is_right_again():

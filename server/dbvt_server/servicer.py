@@ -92,15 +92,11 @@ class BroadphaseServicer(ImageRpcs, SensorRpcs, MoveRpcs, QueryStreamRpcs, pb_gr
             self.metrics.count_batch(batch)
         return result
 
-    def apply(self, world: World, numbered: tuple[int, pb.Batch]) -> bytes:
-        """A streamed batch applied: the stream's answer to it, serialized whole."""
-        sequence, batch = numbered
-        return stream_answer(sequence, self._applied(world, batch, False))
-
-    def apply_narrow(self, world: World, numbered: tuple[int, pb.Batch]) -> bytes:
-        """`apply` for a batch whose last part allowed ids of 32 bits in its result."""
-        sequence, batch = numbered
-        return stream_answer(sequence, self._applied(world, batch, True))
+    def apply_streamed(self, world: World, job: tuple[int, pb.Batch, bool]) -> bytes:
+        """A streamed batch (its sequence, the batch, and whether its last part allowed ids of 32 bits)
+        applied: the stream's answer to it, serialized whole."""
+        sequence, batch, narrow_ids = job
+        return stream_answer(sequence, self._applied(world, batch, narrow_ids))
 
     def apply_batch(self, world: World, request: pb.ApplyBatchRequest) -> bytes:
         return serialized(pb.ApplyBatchResponse, result=self._applied(world, request.batch, request.narrow_ids))
@@ -380,8 +376,7 @@ class BroadphaseServicer(ImageRpcs, SensorRpcs, MoveRpcs, QueryStreamRpcs, pb_gr
     def _start_batch(self, name: str, sequence: int, batch: pb.Batch, narrow_ids: bool) -> asyncio.Future:
         try:
             access.require(RIGHTS["StreamBatches"], name)
-            return self._start(self.service.world(name), self.apply_narrow if narrow_ids else self.apply,
-                               (sequence, batch))
+            return self._start(self.service.world(name), self.apply_streamed, (sequence, batch, narrow_ids))
         except Exception as exc:
             return failed(exc)
 
