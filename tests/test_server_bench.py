@@ -12,6 +12,9 @@ import pytest
 
 from dbvt_server.bench.__main__ import main
 
+# A target's line: the median and range of its figure, the target, and the verdict.
+VERDICT = r"-?\d+\.\d\d \(-?\d+\.\d\d--?\d+\.\d\d\)  [<>]= [\d.]+( ms|x): (met|NOT met) \(\d of \d (runs|rounds)\)"
+
 
 def test_wire_bench_makes_its_w1_data_and_runs(capsys):
     argv = ["wire", "--n", "3000", "--steps", "4", "--repeats", "1", "--window", "0.2"]
@@ -28,11 +31,14 @@ def test_wire_bench_makes_its_w1_data_and_runs(capsys):
                    "M moves/s with pair changes",
                    "move-only ingest (query-only world)",
                    "10k box queries", "10k-query calls/s, server", "10k-query calls/s, in-process",
-                   "W1 steps/s, streamed, server", "W1 steps/s, streamed, in-process"):
+                   "W1 steps/s, streamed, server", "W1 steps/s, streamed, in-process",
+                   "10k-query calls/s, bare gRPC", "W1 steps/s, streamed, bare gRPC"):
         assert figure in out.out
-    # The bench started the server itself, so it knows its process and shows the cores it used.
-    server_lines = [line for line in out.out.splitlines() if ", server " in line]
-    assert len(server_lines) == 2 and not any("n/a" in line for line in server_lines)
+    # The bench started the server and the bare server itself, so it knows their processes and shows
+    # the cores each used.
+    for where in (", server ", ", bare gRPC "):
+        server_lines = [line for line in lines if where in line]
+        assert len(server_lines) == 2 and not any("n/a" in line for line in server_lines)
     assert "pair counts after every step match the oracle's expected.json" in out.out
     # Each wire target of issue 17, as the issue states it, with its median, range and verdict.
     for target in ("streamed step, 2 ticks in flight, x in-process",
@@ -42,8 +48,10 @@ def test_wire_bench_makes_its_w1_data_and_runs(capsys):
                    "two busy worlds, query calls: scaling, x in-process scaling",
                    "two busy worlds, W1 steps: scaling, x in-process scaling"):
         line = next(line for line in lines if target in line)
-        figure = r"-?\d+\.\d\d \(-?\d+\.\d\d--?\d+\.\d\d\)"
-        assert re.search(figure + r"  [<>]= [\d.]+( ms|x): (met|NOT met) \(\d of \d (runs|rounds)\)", line), line
+        assert re.search(VERDICT, line), line
+    # Beside each two-busy-worlds target, the same against the bare server making the same calls.
+    beside_bare = [line for line in lines if "the same, x bare gRPC's scaling" in line]
+    assert len(beside_bare) == 2 and all(re.search(VERDICT, line) for line in beside_bare)
     assert "no directory given: making W1 data" in out.err
     assert "server run 1/1: 4 steps\n" in out.err and "\r" not in out.err, "one plain line per phase"
     # The box queries and the ingest are timed in pairs, the server's and the in-process one's back to back.

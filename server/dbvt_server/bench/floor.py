@@ -13,7 +13,11 @@ moves and the pair changes sent as raw columns, each step sent to it and to dbvt
 other. A streamed step's time beyond the bare server's is what the service adds to the dbvt calls:
 its protocol, checks and hand-offs.
 
-    python -m dbvt_server.bench.floor --serve     # the child: prints its port, serves until killed
+With two pool threads, the same bare server is the two busy worlds' control too
+(dbvt_server.bench.parallel.over_the_wire): each of its worlds stepped on a stream of its own, or
+queried by unary calls, as dbvt-server's are.
+
+    python -m dbvt_server.bench.floor --serve [WORKERS]   # the child: prints its port, serves until killed
 """
 from __future__ import annotations
 
@@ -32,8 +36,9 @@ from typing import Callable
 import grpc
 import numpy as np
 
-METHOD = "/dbvt_bench.Floor/Echo"
-STEPS_METHOD = "/dbvt_bench.Floor/Steps"
+FLOOR = "/dbvt_bench.Floor/"
+METHOD = FLOOR + "Echo"
+STEPS_METHOD = FLOOR + "Steps"
 # A move of the stepping floor: its uint64 id, then (in its own column) its six float32 bounds.
 MOVE_BYTES = 8 + 6 * 4
 # A request: seconds to work (float64) and bytes to answer (uint32), then padding to its size.
@@ -73,10 +78,17 @@ class _Stepper:
         # W1's ids fit in 32 bits, and dbvt-server sends them so (narrow_ids) to the SDK.
         return begun.astype("<u4").tobytes() + ended.astype("<u4").tobytes()
 
+    def query(self, boxes: bytes) -> bytes:
+        """The hits of each float32 box, as QueryAabb answers them: int64 offsets, then 32-bit ids."""
+        offsets, hits = self.broadphase.query_aabb(np.frombuffer(boxes, "<f4").reshape(-1, 6))
+        return offsets.astype("<i8").tobytes() + hits.astype("<u4").tobytes()
 
-async def _serve() -> None:
-    pool = ThreadPoolExecutor(max_workers=1)
-    stepper = _Stepper()
+
+async def _serve(workers: int) -> None:
+    """Serve until killed: Echo (the busy wait), Steps (each stream its own world, made by its first
+    message), and for the two busy worlds Create and Query (worlds by a one-byte index)."""
+    pool = ThreadPoolExecutor(max_workers=workers)
+    worlds: dict[int, _Stepper] = {}
 
     async def echo(requests, context):
         loop = asyncio.get_running_loop()
@@ -86,13 +98,23 @@ async def _serve() -> None:
 
     async def steps(requests, context):
         loop = asyncio.get_running_loop()
+        stepper = _Stepper()
         async for request in requests:
             work = stepper.step if stepper.broadphase is not None else stepper.create
             yield await loop.run_in_executor(pool, work, request)
 
+    async def create(request, context):
+        worlds[request[0]] = _Stepper()
+        return await asyncio.get_running_loop().run_in_executor(pool, worlds[request[0]].create, request[1:])
+
+    async def query(request, context):
+        return await asyncio.get_running_loop().run_in_executor(pool, worlds[request[0]].query, request[1:])
+
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", -1)])
     handlers = {"Echo": grpc.stream_stream_rpc_method_handler(echo),
-                "Steps": grpc.stream_stream_rpc_method_handler(steps)}
+                "Steps": grpc.stream_stream_rpc_method_handler(steps),
+                "Create": grpc.unary_unary_rpc_method_handler(create),
+                "Query": grpc.unary_unary_rpc_method_handler(query)}
     server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("dbvt_bench.Floor", handlers)])
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
@@ -101,17 +123,23 @@ async def _serve() -> None:
 
 
 @contextlib.contextmanager
-def _bare_server():
-    """A channel to a bare server in a child process."""
-    process = subprocess.Popen([sys.executable, "-m", "dbvt_server.bench.floor", "--serve"],
+def bare_server(workers: int = 1):
+    """A bare server in a child process, its pool `workers` threads: its target and process id."""
+    process = subprocess.Popen([sys.executable, "-m", "dbvt_server.bench.floor", "--serve", str(workers)],
                                stdout=subprocess.PIPE, text=True, cwd=tempfile.gettempdir())
     try:
-        port = int(process.stdout.readline())
-        with grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.max_send_message_length", -1)]) as channel:
-            yield channel
+        yield f"127.0.0.1:{int(process.stdout.readline())}", process.pid
     finally:
         process.kill()
         process.wait()
+
+
+@contextlib.contextmanager
+def _bare_channel():
+    """A channel to a bare server of one pool thread, as dbvt-server's one world runs on one at a time."""
+    with bare_server() as (target, _), \
+            grpc.insecure_channel(target, options=[("grpc.max_send_message_length", -1)]) as channel:
+        yield channel
 
 
 def _round_trips(channel, method: str, messages) -> list[float]:
@@ -132,7 +160,7 @@ def _round_trips(channel, method: str, messages) -> list[float]:
 def floor(work_seconds: float, request_bytes: int, answer_bytes: int, rounds: int = ROUNDS) -> float:
     """Median seconds a round trip takes beyond `work_seconds` of work on the server's thread."""
     request = HEADER.pack(work_seconds, answer_bytes).ljust(request_bytes, b"\0")
-    with _bare_server() as channel:
+    with _bare_channel() as channel:
         seconds = _round_trips(channel, METHOD, [request] * (WARM_UP + rounds))
     return statistics.median(seconds[WARM_UP:]) - work_seconds
 
@@ -154,7 +182,7 @@ def paired_steps(apply_step: Callable[[int], object], boxes: np.ndarray, move_id
     messages = [ids.astype("<u8").tobytes() + rows.astype("<f4").tobytes() for ids, rows in zip(move_ids, move_boxes)]
     served: list[float] = []
     bare: list[float] = []
-    with _bare_server() as channel:
+    with _bare_channel() as channel:
         requests: queue.SimpleQueue = queue.SimpleQueue()
         answers = channel.stream_stream(STEPS_METHOD)(iter(requests.get, None))
 
@@ -175,5 +203,5 @@ def paired_steps(apply_step: Callable[[int], object], boxes: np.ndarray, move_id
     return served, bare
 
 
-if __name__ == "__main__" and sys.argv[1:] == ["--serve"]:
-    asyncio.run(_serve())
+if __name__ == "__main__" and sys.argv[1:2] == ["--serve"]:
+    asyncio.run(_serve(int(sys.argv[2]) if len(sys.argv) > 2 else 1))

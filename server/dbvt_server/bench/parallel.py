@@ -5,7 +5,11 @@ and keeps the answers as raw bytes (decoding only the batch statuses, after the 
 side is thus light, so on a small machine the cores go to the server; the cores the benchmark
 process used are reported beside it. Two kinds of work: calls of 10k box queries, and W1 steps
 streamed to pair-tracking worlds with a few in flight, over and over. The same work runs on two
-in-process `dbvt.Broadphase` in two threads, for the scaling of the core alone.
+in-process `dbvt.Broadphase` in two threads, for the scaling of the core alone; and through a bare
+grpc.aio server making the same dbvt calls on as many pool threads as dbvt-server's default
+(dbvt_server.bench.floor), its rounds interleaved with dbvt-server's, driven by the same kind of
+client: how far any Python gRPC server of this design scales on the machine, whose cores its client
+shares. dbvt-server's scaling over the bare server's is what the service itself costs a second world.
 
 Throughput is counted while every world is busy. All worlds start at once, run for a warm-up, and
 keep running until a window of --window seconds has closed; only the work done inside the window
@@ -38,6 +42,8 @@ import grpc
 
 from dbvt_client.transport import CHANNEL_OPTIONS
 from dbvt_proto.v1 import broadphase_pb2 as pb
+from dbvt_server.bench import floor as bench_floor
+from dbvt_server.config import Config
 
 WORLDS = ("parallel-a", "parallel-b")
 SERVICE = "/dbvt.v1.BroadphaseService/"
@@ -167,18 +173,23 @@ class Scaling:
 
 def scaling(job_for: Callable[[int], Job], window: float, server: ThreadMeter | None, repeats: int) -> Scaling:
     """`job_for(i)` keeps world i busy until told to stop."""
-    ones, twos = [], []
+    return scalings({"": (job_for, server)}, window, repeats)[""]
+
+
+def scalings(sides: dict[str, tuple[Callable[[int], Job], ThreadMeter | None]], window: float,
+             repeats: int) -> dict[str, Scaling]:
+    """Each side's scaling, its rounds interleaved with the other sides' repeat by repeat, so that the
+    machine's drift reaches every side alike and their rounds pair."""
+    made = {name: Scaling([], []) for name in sides}
     for _ in range(repeats):
-        ones.append(timed([job_for(0)], window, server))
-        twos.append(timed([job_for(0), job_for(1)], window, server))
-    return Scaling(ones, twos)
+        for name, (job_for, meter) in sides.items():
+            made[name].ones.append(timed([job_for(0)], window, meter))
+            made[name].twos.append(timed([job_for(0), job_for(1)], window, meter))
+    return made
 
 
-def _query_job(channel: grpc.Channel, world: str, queries) -> Job:
-    call = channel.unary_unary(SERVICE + "QueryAabb")
-    # Allowing hits in 32 bits, as the SDK's requests do.
-    request = pb.QueryAabbRequest(world=world, count=len(queries), boxes=queries.tobytes(),
-                                  narrow_ids=True).SerializeToString()
+def _calls_job(call, request: bytes) -> Job:
+    """The same unary call, over and over."""
 
     def job(stop: threading.Event, stamps: list) -> None:
         while not stop.is_set():
@@ -186,6 +197,13 @@ def _query_job(channel: grpc.Channel, world: str, queries) -> Job:
             stamps.append(time.perf_counter())
 
     return job
+
+
+def _query_job(channel: grpc.Channel, world: str, queries) -> Job:
+    # Allowing hits in 32 bits, as the SDK's requests do.
+    return _calls_job(channel.unary_unary(SERVICE + "QueryAabb"),
+                      pb.QueryAabbRequest(world=world, count=len(queries), boxes=queries.tobytes(),
+                                          narrow_ids=True).SerializeToString())
 
 
 def _stream_job(channel: grpc.Channel, world: str, work) -> Job:
@@ -216,24 +234,66 @@ def _stream_job(channel: grpc.Channel, world: str, work) -> Job:
     return job
 
 
-def over_the_wire(client, target: str, work, server_pid: int | None, window: float, repeats: int) -> dict[str, Scaling]:
-    """Both kinds of work on two worlds of the server at `target`, each thread on its own channel."""
+def _bare_query_job(channel: grpc.Channel, world: int, queries) -> Job:
+    return _calls_job(channel.unary_unary(bench_floor.FLOOR + "Query"), bytes([world]) + queries.astype("<f4").tobytes())
+
+
+def _bare_stream_job(channel: grpc.Channel, work) -> Job:
+    call = channel.stream_stream(bench_floor.FLOOR + "Steps")
+    boxes = work.boxes.astype("<f4").tobytes()
+    steps = [work.move_ids[step].astype("<u8").tobytes() + work.move_boxes[step].astype("<f4").tobytes()
+             for step in range(work.steps)]
+
+    def job(stop: threading.Event, stamps: list) -> None:
+        room = threading.Semaphore(STEPS_IN_FLIGHT)
+
+        def requests():
+            yield boxes     # the stream's own world, made before its first step
+            for message in itertools.cycle(steps):
+                room.acquire()
+                if stop.is_set():
+                    return
+                yield message
+
+        answers = call(requests())
+        next(answers)
+        for _ in answers:
+            stamps.append(time.perf_counter())
+            room.release()
+
+    return job
+
+
+def over_the_wire(client, target: str, work, server_pid: int | None, window: float,
+                  repeats: int) -> tuple[dict[str, Scaling], dict[str, Scaling]]:
+    """Both kinds of work on two worlds of the server at `target`, each thread on its own channel; and,
+    interleaved round by round, on two worlds of a bare grpc.aio server making the same dbvt calls with
+    as many pool threads as dbvt-server's default (dbvt_server.bench.floor): the server's scalings,
+    then the bare server's."""
     for name in WORLDS:
         if name in client.list_worlds():
             client.delete_world(name)
         client.create_world(name).apply(create=(work.ids, work.boxes))
-    channels = [grpc.insecure_channel(target, options=CHANNEL_OPTIONS) for _ in WORLDS]
-    server = ThreadMeter(server_pid)
-    try:
-        return {
-            "query": scaling(lambda i: _query_job(channels[i], WORLDS[i], work.q_aabb), window, server, repeats),
-            "steps": scaling(lambda i: _stream_job(channels[i], WORLDS[i], work), window, server, repeats),
-        }
-    finally:
-        for channel in channels:
-            channel.close()
-        for name in WORLDS:
-            client.delete_world(name)
+    with bench_floor.bare_server(Config.workers) as (bare_target, bare_pid):
+        channels = [grpc.insecure_channel(target, options=CHANNEL_OPTIONS) for _ in WORLDS]
+        bare_channels = [grpc.insecure_channel(bare_target, options=CHANNEL_OPTIONS) for _ in WORLDS]
+        server, bare = ThreadMeter(server_pid), ThreadMeter(bare_pid)
+        create = bare_channels[0].unary_unary(bench_floor.FLOOR + "Create")
+        for number in range(len(WORLDS)):
+            create(bytes([number]) + work.boxes.astype("<f4").tobytes())
+        try:
+            query = scalings({"server": (lambda i: _query_job(channels[i], WORLDS[i], work.q_aabb), server),
+                              "bare": (lambda i: _bare_query_job(bare_channels[i], i, work.q_aabb), bare)},
+                             window, repeats)
+            steps = scalings({"server": (lambda i: _stream_job(channels[i], WORLDS[i], work), server),
+                              "bare": (lambda i: _bare_stream_job(bare_channels[i], work), bare)}, window, repeats)
+        finally:
+            for channel in channels + bare_channels:
+                channel.close()
+            for name in WORLDS:
+                client.delete_world(name)
+    return ({"query": query["server"], "steps": steps["server"]},
+            {"query": query["bare"], "steps": steps["bare"]})
 
 
 def in_process(work, window: float, repeats: int) -> dict[str, Scaling]:
@@ -272,17 +332,17 @@ def _change(one: float | None, two: float | None) -> str:
     return "n/a" if one is None or two is None else f"{one:.2f} -> {two:.2f}"
 
 
-def report(wire: dict[str, Scaling], local: dict[str, Scaling], window: float) -> list[str]:
+def report(wire: dict[str, Scaling], bare: dict[str, Scaling], local: dict[str, Scaling], window: float) -> list[str]:
     lines = [f"two busy worlds: work done in a {window:.2f} s window while every world was busy; medians of the",
              "rounds, and the ratio the median of the rounds' own ratios.",
-             "Of the worlds' threads (the server's; in-process, the benchmark's) in that window: cores used, and how",
-             "many were runnable (running or queued for a core); client: cores this process used",
+             "Of the worlds' threads (the servers' processes; in-process, the benchmark's) in that window: cores",
+             "used, and how many were runnable (running or queued for a core); client: cores this process used",
              f"{'':34}{'1 world':>10}{'2 worlds':>10}{'ratio':>8}{'cores used':>14}{'runnable':>14}{'client':>14}"]
     for key, label in (("query", "10k-query calls/s"), ("steps", "W1 steps/s, streamed")):
-        for where, figures in (("server", wire[key]), ("in-process", local[key])):
+        for where, figures in (("server", wire[key]), ("bare gRPC", bare[key]), ("in-process", local[key])):
             one, two = typical(figures.ones), typical(figures.twos)
             lines.append(f"{f'{label}, {where}':34}{one.rate:10.2f}{two.rate:10.2f}{figures.ratio:8.2f}"
                          f"{_change(one.used, two.used):>14}{_change(one.runnable, two.runnable):>14}"
                          f"{_change(one.client, two.client):>14}"
-                         f"{f'  {figures.ratio / local[key].ratio:.2f}x in-process' if where == 'server' else ''}")
+                         f"{'' if where == 'in-process' else f'  {figures.ratio / local[key].ratio:.2f}x in-process'}")
     return lines

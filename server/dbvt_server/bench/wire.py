@@ -291,7 +291,7 @@ def verdict(values: list[float], at_most: float | None = None, at_least: float |
 
 
 def targets(wire: list[dict], local: list[dict], queries: int, parallel_wire: dict | None = None,
-            parallel_local: dict | None = None) -> list[str]:
+            parallel_bare: dict | None = None, parallel_local: dict | None = None) -> list[str]:
     """The wire targets of issue 17, each a figure per run (the two busy worlds: per round), its
     median and range, and whether the median meets it."""
     figures = [
@@ -315,6 +315,10 @@ def targets(wire: list[dict], local: list[dict], queries: int, parallel_wire: di
             control = parallel_local[key].ratio
             figures.append((f"two busy worlds, {label}: scaling, x in-process scaling",
                             [r / control for r in parallel_wire[key].round_ratios], ">= 0.9x", None, 0.9, "rounds"))
+            # Beside it, as for the tick: each round's scaling over the bare server's round beside it.
+            figures.append(("  the same, x bare gRPC's scaling (the same calls)",
+                            [r / b for r, b in zip(parallel_wire[key].round_ratios, parallel_bare[key].round_ratios)],
+                            ">= 0.9x", None, 0.9, "rounds"))
     lines = ["the wire targets (issue 17): median (range) of the runs"]
     for label, values, target, at_most, at_least, unit in figures:
         lines.append(f"  {label:54}{spread(values):>20}  {target}: {verdict(values, at_most, at_least, unit)}")
@@ -419,15 +423,15 @@ def run(args, facts: dict) -> int:
                 wire[-1]["floor"] = wire_floor(work, wire[-1], local[-1])
                 wire[-1].update(beside_same_calls(client, work))
             sys.stderr.write("two busy worlds...\n")
-            parallel_wire = bench_parallel.over_the_wire(client, target, work, server_pid, args.window,
-                                                        args.repeats)
+            parallel_wire, parallel_bare = bench_parallel.over_the_wire(client, target, work, server_pid,
+                                                                       args.window, args.repeats)
         parallel_local = bench_parallel.in_process(work, args.window, args.repeats)
     finally:
         if process is not None:
             process.terminate()
             process.wait(30)
-    lines = (report(work, wire, local) + bench_parallel.report(parallel_wire, parallel_local, args.window)
-             + targets(wire, local, len(work.q_aabb), parallel_wire, parallel_local))
+    lines = (report(work, wire, local) + bench_parallel.report(parallel_wire, parallel_bare, parallel_local, args.window)
+             + targets(wire, local, len(work.q_aabb), parallel_wire, parallel_bare, parallel_local))
     print("\n".join(lines))
     console.footer(facts)
     return 0
