@@ -42,7 +42,9 @@ def test_sixty_worlds_land_each_on_its_one_owner(three):
                 held.append(set(direct.list_worlds()))
         for name in names:
             routed.delete_world(name)
-    assert all(10 <= len(worlds) <= 30 for worlds in held), [len(worlds) for worlds in held]
+    # Each server's share follows Binomial(60, 1/3) as the ports change from run to run (mean 20, sd 3.7):
+    # 5 to 35 fails one run in 15,000, where 10 to 30 failed about one in ninety.
+    assert all(5 <= len(worlds) <= 35 for worlds in held), [len(worlds) for worlds in held]
     assert set().union(*held) == set(names) and sum(map(len, held)) == len(names), "a world on two servers"
     for name in names:
         assert name in held[targets.index(owner(name, targets))]
