@@ -278,10 +278,10 @@ def over_the_wire(client, target: str, work, server_pid: int | None, window: flo
         channels = [grpc.insecure_channel(target, options=CHANNEL_OPTIONS) for _ in WORLDS]
         bare_channels = [grpc.insecure_channel(bare_target, options=CHANNEL_OPTIONS) for _ in WORLDS]
         server, bare = ThreadMeter(server_pid), ThreadMeter(bare_pid)
-        create = bare_channels[0].unary_unary(bench_floor.FLOOR + "Create")
-        for number in range(len(WORLDS)):
-            create(bytes([number]) + work.boxes.astype("<f4").tobytes())
         try:
+            create = bare_channels[0].unary_unary(bench_floor.FLOOR + "Create")
+            for number in range(len(WORLDS)):
+                create(bytes([number]) + work.boxes.astype("<f4").tobytes())
             query = scalings({"server": (lambda i: _query_job(channels[i], WORLDS[i], work.q_aabb), server),
                               "bare": (lambda i: _bare_query_job(bare_channels[i], i, work.q_aabb), bare)},
                              window, repeats)
