@@ -206,32 +206,52 @@ def _query_job(channel: grpc.Channel, world: str, queries) -> Job:
                                           narrow_ids=True).SerializeToString())
 
 
-def _stream_job(channel: grpc.Channel, world: str, work) -> Job:
-    call = channel.stream_stream(SERVICE + "StreamBatches")
-    steps = [(work.move_ids[step].astype("<u8").tobytes(), work.move_boxes[step].astype("<f4").tobytes())
-             for step in range(work.steps)]
+def _streaming_job(call, messages, opening: bytes | None = None, check=None) -> Job:
+    """The messages of `messages()` (endless) sent on one stream, STEPS_IN_FLIGHT of them unanswered at
+    a time, until told to stop; `opening` first, answered before any step counts; `check(answers)`
+    once the stream has ended."""
 
     def job(stop: threading.Event, stamps: list) -> None:
         room = threading.Semaphore(STEPS_IN_FLIGHT)
 
         def requests():
-            for sequence, (ids, boxes) in enumerate(itertools.cycle(steps), 1):
+            if opening is not None:
+                yield opening
+            for message in messages():
                 room.acquire()
                 if stop.is_set():
                     return
-                yield pb.StreamBatchesRequest(world=world, sequence=sequence, narrow_ids=True,
-                                              batch=pb.Batch(move_ids=ids, move_boxes=boxes)).SerializeToString()
+                yield message
 
-        answers = []
-        for answer in call(requests()):
+        answers = call(requests())
+        if opening is not None:
+            next(answers)
+        kept = []
+        for answer in answers:
             stamps.append(time.perf_counter())
-            answers.append(answer)
+            kept.append(answer)
             room.release()
+        if check is not None:
+            check(kept)
+
+    return job
+
+
+def _stream_job(channel: grpc.Channel, world: str, work) -> Job:
+    steps = [(work.move_ids[step].astype("<u8").tobytes(), work.move_boxes[step].astype("<f4").tobytes())
+             for step in range(work.steps)]
+
+    def messages():
+        for sequence, (ids, boxes) in enumerate(itertools.cycle(steps), 1):
+            yield pb.StreamBatchesRequest(world=world, sequence=sequence, narrow_ids=True,
+                                          batch=pb.Batch(move_ids=ids, move_boxes=boxes)).SerializeToString()
+
+    def all_applied(answers: list) -> None:
         refused = [r for r in map(pb.StreamBatchesResponse.FromString, answers) if r.status_code]
         if refused:
             raise RuntimeError(f"streamed steps were not all applied: {refused[:1]}")
 
-    return job
+    return _streaming_job(channel.stream_stream(SERVICE + "StreamBatches"), messages, check=all_applied)
 
 
 def _bare_query_job(channel: grpc.Channel, world: int, queries) -> Job:
@@ -239,29 +259,11 @@ def _bare_query_job(channel: grpc.Channel, world: int, queries) -> Job:
 
 
 def _bare_stream_job(channel: grpc.Channel, work) -> Job:
-    call = channel.stream_stream(bench_floor.FLOOR + "Steps")
-    boxes = work.boxes.astype("<f4").tobytes()
+    """Each world of the bare server is its stream's own, made by the stream's first message."""
     steps = [work.move_ids[step].astype("<u8").tobytes() + work.move_boxes[step].astype("<f4").tobytes()
              for step in range(work.steps)]
-
-    def job(stop: threading.Event, stamps: list) -> None:
-        room = threading.Semaphore(STEPS_IN_FLIGHT)
-
-        def requests():
-            yield boxes     # the stream's own world, made before its first step
-            for message in itertools.cycle(steps):
-                room.acquire()
-                if stop.is_set():
-                    return
-                yield message
-
-        answers = call(requests())
-        next(answers)
-        for _ in answers:
-            stamps.append(time.perf_counter())
-            room.release()
-
-    return job
+    return _streaming_job(channel.stream_stream(bench_floor.FLOOR + "Steps"), lambda: itertools.cycle(steps),
+                          opening=work.boxes.astype("<f4").tobytes())
 
 
 def over_the_wire(client, target: str, work, server_pid: int | None, window: float,
