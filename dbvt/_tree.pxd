@@ -2,7 +2,8 @@
 # (argument checks against the id table, batch queries into numpy CSR arrays, serialisation).
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 
-from dbvt._core cimport PairBuffer, TreeCore
+from dbvt._core cimport Batch, PairBuffer, TreeCore
+from dbvt._split cimport Rows
 
 
 cdef object pair_array(PairBuffer *buffer)
@@ -20,6 +21,7 @@ cdef class TreeBase:
     cdef tuple _in_edit_order(self, object ids)
     cdef object _check_new(self, object ids)
     cdef object _add(self, object ids, object boxes)
+    cdef object _answer(self, Batch *batch, const Rows *rows, Py_ssize_t n, bint with_fractions)
     cdef object _query_aabb(self, object boxes, uint32_t mask, const uint32_t *groups, uint32_t skip)
     cdef object _query_sphere(self, object centers, object radii, uint32_t mask, const uint32_t *groups,
                               uint32_t skip)

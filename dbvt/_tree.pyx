@@ -503,54 +503,49 @@ cdef class TreeBase:
                 out[i, dims + k] = self.core.proxies[proxies[i]].tight[3 + k]
         return boxes
 
+    cdef object _answer(self, Batch *batch, const Rows *rows, Py_ssize_t n, bint with_fractions):
+        """The CSR answer to `n` rows of one query kind, set up by start_batch: every kind runs through
+        the same walker (dbvt._split.run_rows), on the structure's threads, without the GIL."""
+        offsets = np.empty(n + 1, np.int64)
+        cdef int64_t[::1] off = offsets
+        cdef int status
+        with nogil:
+            status = run_rows(&self.core, rows, n, self.threads, &off[0], batch)
+        return csr(batch, status, offsets, with_fractions)
+
     cdef object _query_aabb(self, object boxes, uint32_t mask, const uint32_t *groups,
                             uint32_t skip):
         cdef const float[:, ::1] rows = validation.as_boxes(boxes, self.core.dims)
         cdef Py_ssize_t n = rows.shape[0]
-        offsets = np.empty(n + 1, np.int64)
-        cdef int64_t[::1] off = offsets
         cdef Batch batch
         cdef Rows r
-        cdef int status
         start_batch(&batch, &r, ROWS_BOXES, mask, groups, False, self.max_hits, skip)
         r.shapes = &rows[0, 0] if n else NULL
         self._refresh_wide(n)
-        with nogil:
-            status = run_rows(&self.core, &r, n, self.threads, &off[0], &batch)
-        return csr(&batch, status, offsets, False)
+        return self._answer(&batch, &r, n, False)
 
     cdef object _query_sphere(self, object centers, object radii, uint32_t mask, const uint32_t *groups,
                             uint32_t skip):
         cdef const float[:, ::1] points = validation.as_points(centers, self.core.dims, "centers")
         cdef Py_ssize_t n = points.shape[0]
         cdef const float[::1] r = validation.as_radii(radii, n)
-        offsets = np.empty(n + 1, np.int64)
-        cdef int64_t[::1] off = offsets
         cdef Batch batch
         cdef Rows spheres
-        cdef int status
         start_batch(&batch, &spheres, ROWS_SPHERES, mask, groups, False, self.max_hits, skip)
         spheres.shapes = &points[0, 0] if n else NULL
         spheres.radii = &r[0] if n else NULL
-        with nogil:
-            status = run_rows(&self.core, &spheres, n, self.threads, &off[0], &batch)
-        return csr(&batch, status, offsets, False)
+        return self._answer(&batch, &spheres, n, False)
 
     cdef object _raycast(self, object segments, bint first_hit, uint32_t mask, const uint32_t *groups,
                             uint32_t skip):
         cdef const float[:, ::1] rows = validation.as_segments(segments, self.core.dims)
         cdef Py_ssize_t n = rows.shape[0]
-        offsets = np.empty(n + 1, np.int64)
-        cdef int64_t[::1] off = offsets
         cdef Batch batch
         cdef Rows r
-        cdef int status
         start_batch(&batch, &r, ROWS_SEGMENTS, mask, groups, first_hit, self.max_hits, skip)
         r.shapes = &rows[0, 0] if n else NULL
         self._refresh_wide(n)
-        with nogil:
-            status = run_rows(&self.core, &r, n, self.threads, &off[0], &batch)
-        return csr(&batch, status, offsets, True)
+        return self._answer(&batch, &r, n, True)
 
     cdef object _query_frustum(self, object planes, uint32_t mask, const uint32_t *groups,
                             uint32_t skip):
@@ -558,17 +553,12 @@ cdef class TreeBase:
         cdef const float[:, :, ::1] rows = plane_arr
         cdef Py_ssize_t n = rows.shape[0]
         cdef int32_t k = <int32_t>rows.shape[1]
-        offsets = np.empty(n + 1, np.int64)
-        cdef int64_t[::1] off = offsets
         cdef Batch batch
         cdef Rows r
-        cdef int status
         start_batch(&batch, &r, ROWS_FRUSTA, mask, groups, False, self.max_hits, skip)
         r.shapes = &rows[0, 0, 0] if n else NULL
         r.planes = k
-        with nogil:
-            status = run_rows(&self.core, &r, n, self.threads, &off[0], &batch)
-        return csr(&batch, status, offsets, False)
+        return self._answer(&batch, &r, n, False)
 
     cdef object _query_nearest(self, object points, object k, object max_distance, uint32_t mask,
                                const uint32_t *groups, uint32_t skip):
@@ -576,18 +566,13 @@ cdef class TreeBase:
         cdef int64_t count = validation.as_count(k)
         cdef double reach = validation.as_distance(max_distance)
         cdef Py_ssize_t n = rows.shape[0]
-        offsets = np.empty(n + 1, np.int64)
-        cdef int64_t[::1] off = offsets
         cdef Batch batch
         cdef Rows r
-        cdef int status
         start_batch(&batch, &r, ROWS_NEAREST, mask, groups, False, self.max_hits, skip)
         r.shapes = &rows[0, 0] if n else NULL
         r.k = count
         r.reach = reach
-        with nogil:
-            status = run_rows(&self.core, &r, n, self.threads, &off[0], &batch)
-        offsets, hits, distances = csr(&batch, status, offsets, True)
+        offsets, hits, distances = self._answer(&batch, &r, n, True)
         return offsets, hits, distances.astype(np.float32)
 
     cdef object _cast_box(self, object boxes, object displacements, bint first_hit, uint32_t mask,
@@ -595,17 +580,12 @@ cdef class TreeBase:
         cdef const float[:, ::1] rows = validation.as_boxes(boxes, self.core.dims)
         cdef Py_ssize_t n = rows.shape[0]
         cdef const float[:, ::1] moves = validation.as_displacements(displacements, self.core.dims, n, "boxes")
-        offsets = np.empty(n + 1, np.int64)
-        cdef int64_t[::1] off = offsets
         cdef Batch batch
         cdef Rows r
-        cdef int status
         start_batch(&batch, &r, ROWS_BOX_CASTS, mask, groups, first_hit, self.max_hits, skip)
         r.shapes = &rows[0, 0] if n else NULL
         r.moves = &moves[0, 0] if n else NULL
-        with nogil:
-            status = run_rows(&self.core, &r, n, self.threads, &off[0], &batch)
-        return csr(&batch, status, offsets, True)
+        return self._answer(&batch, &r, n, True)
 
     cdef object _cast_sphere(self, object centers, object radii, object displacements, bint first_hit,
                              uint32_t mask, const uint32_t *groups, uint32_t skip):
@@ -613,18 +593,13 @@ cdef class TreeBase:
         cdef Py_ssize_t n = points.shape[0]
         cdef const float[::1] r = validation.as_radii(radii, n)
         cdef const float[:, ::1] moves = validation.as_displacements(displacements, self.core.dims, n, "centers")
-        offsets = np.empty(n + 1, np.int64)
-        cdef int64_t[::1] off = offsets
         cdef Batch batch
         cdef Rows balls
-        cdef int status
         start_batch(&batch, &balls, ROWS_BALL_CASTS, mask, groups, first_hit, self.max_hits, skip)
         balls.shapes = &points[0, 0] if n else NULL
         balls.radii = &r[0] if n else NULL
         balls.moves = &moves[0, 0] if n else NULL
-        with nogil:
-            status = run_rows(&self.core, &balls, n, self.threads, &off[0], &batch)
-        return csr(&batch, status, offsets, True)
+        return self._answer(&batch, &balls, n, True)
 
     cdef const uint32_t *_groups(self) noexcept:
         """Per-proxy groups for masks to filter: a Tree has none."""
