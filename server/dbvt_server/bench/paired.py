@@ -17,12 +17,11 @@ from __future__ import annotations
 import pathlib
 import statistics
 import tempfile
-import time
 
 from dbvt_client import Client
 from dbvt_server.bench import console, workload
 from dbvt_server.bench.console import Progress
-from dbvt_server.bench.wire import fresh_world, median_call, start_server
+from dbvt_server.bench.wire import fresh_world, median_call, start_server, tick_by_tick
 from dbvt_server.bench.workload import Workload
 from dbvt_server.tokens import new_token
 
@@ -54,13 +53,7 @@ def side_run(client: Client, work: Workload, progress: Progress) -> dict:
     """The median streamed step, tick by tick, and the median call of every box query, in seconds."""
     world = fresh_world(client, "dbvt-bench-secured")
     world.apply(create=(work.ids, work.boxes))
-    steps = []
-    with world.stream() as stream:
-        for step in range(work.steps):
-            started = time.perf_counter()
-            stream.apply(move=(work.move_ids[step], work.move_boxes[step]))
-            steps.append(time.perf_counter() - started)
-            progress.advance()
+    steps = [seconds for seconds, _ in tick_by_tick(world, work, progress)]
     query = median_call(lambda: world.query_aabb(work.q_aabb))
     client.delete_world(world.name)
     return dict(step=statistics.median(steps), query=query)

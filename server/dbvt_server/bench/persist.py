@@ -34,7 +34,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from dbvt_client import Client
 from dbvt_server.bench import console, workload
 from dbvt_server.bench.console import Progress
-from dbvt_server.bench.wire import LISTENING, fresh_world, start_server
+from dbvt_server.bench.wire import LISTENING, fresh_world, start_server, tick_by_tick
 from dbvt_server.bench.workload import Workload
 
 REPLAYED = re.compile(r"(\d+) batches replayed from its journal")
@@ -47,13 +47,7 @@ def step_run(client: Client, work: Workload, progress: Progress) -> tuple[float,
     """The median and the mean streamed step, tick by tick, in seconds, on a new world."""
     world = fresh_world(client, "dbvt-bench-persist")
     world.apply(create=(work.ids, work.boxes))
-    steps = []
-    with world.stream() as stream:
-        for step in range(work.steps):
-            started = time.perf_counter()
-            stream.apply(move=(work.move_ids[step], work.move_boxes[step]))
-            steps.append(time.perf_counter() - started)
-            progress.advance()
+    steps = [seconds for seconds, _ in tick_by_tick(world, work, progress)]
     client.delete_world(world.name)
     return statistics.median(steps), statistics.fmean(steps)
 

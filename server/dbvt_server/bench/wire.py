@@ -115,6 +115,17 @@ def median_call(call) -> float:
     return statistics.median(seconds)
 
 
+def tick_by_tick(world, work: Workload, progress: Progress):
+    """Each step of `work` streamed to `world` and waited for before the next, as a game's tick does:
+    its seconds and its result, in turn."""
+    with world.stream() as stream:
+        for step in range(work.steps):
+            started = time.perf_counter()
+            result = stream.apply(move=(work.move_ids[step], work.move_boxes[step]))
+            yield time.perf_counter() - started, result
+            progress.advance()
+
+
 def wire_run(client: Client, work: Workload, progress: Progress):
     """One pass over the workload through the server: creation, the steps tick by tick and then with
     STEPS_AHEAD in flight, each on a new world; the figures, and the second world, kept for the
@@ -125,15 +136,11 @@ def wire_run(client: Client, work: Workload, progress: Progress):
     pairs = len(world.apply(create=(work.ids, work.boxes)).begun)
     create_seconds = time.perf_counter() - started
     step_seconds, pair_counts, answer_bytes = [], [], []
-    with world.stream() as stream:
-        for step in range(work.steps):
-            started = time.perf_counter()
-            result = stream.apply(move=(work.move_ids[step], work.move_boxes[step]))
-            step_seconds.append(time.perf_counter() - started)
-            answer_bytes.append(result.begun.nbytes + result.ended.nbytes)
-            pairs += len(result.begun) - len(result.ended)
-            pair_counts.append(pairs)
-            progress.advance()
+    for seconds, result in tick_by_tick(world, work, progress):
+        step_seconds.append(seconds)
+        answer_bytes.append(result.begun.nbytes + result.ended.nbytes)
+        pairs += len(result.begun) - len(result.ended)
+        pair_counts.append(pairs)
     world = fresh_world(client, name)
     pairs = len(world.apply(create=(work.ids, work.boxes)).begun)
     with world.stream() as stream:
