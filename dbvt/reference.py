@@ -31,6 +31,21 @@ def _csr(q: int, query_rows: np.ndarray, hits: np.ndarray):
     return offsets, np.ascontiguousarray(hits, dtype=np.uint64)
 
 
+def _fraction_csr(q: int, query_rows: list, proxy_rows: list, fractions: list, ids: np.ndarray, first_hit: bool):
+    """(offsets, hits, fractions) of the hits found chunk by chunk, each query's ordered by fraction
+    then id; with first_hit, only each query's first."""
+    qi, pi, fr = np.concatenate(query_rows), np.concatenate(proxy_rows), np.concatenate(fractions)
+    # Rows are ascending by id within a query, so sorting by (query, fraction, row) is (fraction, id).
+    order = np.lexsort((pi, fr, qi))
+    qi, pi, fr = qi[order], pi[order], fr[order]
+    if first_hit:
+        first = np.ones(len(qi), bool)
+        first[1:] = qi[1:] != qi[:-1]
+        qi, pi, fr = qi[first], pi[first], fr[first]
+    offsets, hits = _csr(q, qi, ids[pi])
+    return offsets, hits, np.ascontiguousarray(fr, dtype=_F64)
+
+
 def _matrix_csr(q: int, boxes: np.ndarray, ids: np.ndarray, cost: int, hit_matrix):
     """CSR of the (q, n) boolean matrices `hit_matrix(start, stop)`, computed a few queries at a time."""
     query_rows, proxy_rows = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
@@ -90,16 +105,7 @@ def ray_hits(tight, ids, dims, segments, first_hit):
         query_rows.append(qi + start)
         proxy_rows.append(pi)
         fractions.append(entry[qi, pi])
-    qi, pi, fr = np.concatenate(query_rows), np.concatenate(proxy_rows), np.concatenate(fractions)
-    # Rows are ascending by id within a query, so sorting by (query, fraction, row) is (fraction, id).
-    order = np.lexsort((pi, fr, qi))
-    qi, pi, fr = qi[order], pi[order], fr[order]
-    if first_hit:
-        first = np.ones(len(qi), bool)
-        first[1:] = qi[1:] != qi[:-1]
-        qi, pi, fr = qi[first], pi[first], fr[first]
-    offsets, hits = _csr(q, qi, ids[pi])
-    return offsets, hits, np.ascontiguousarray(fr, dtype=_F64)
+    return _fraction_csr(q, query_rows, proxy_rows, fractions, ids, first_hit)
 
 
 def frustum_hits(tight, ids, dims, planes):
@@ -245,15 +251,7 @@ def sweep_hits(tight, ids, dims, shapes, radii, displacements, first_hit):
         query_rows.append(qi + start)
         proxy_rows.append(pi)
         fractions.append(t)
-    qi, pi, fr = np.concatenate(query_rows), np.concatenate(proxy_rows), np.concatenate(fractions)
-    order = np.lexsort((pi, fr, qi))
-    qi, pi, fr = qi[order], pi[order], fr[order]
-    if first_hit:
-        first = np.ones(len(qi), bool)
-        first[1:] = qi[1:] != qi[:-1]
-        qi, pi, fr = qi[first], pi[first], fr[first]
-    offsets, hits = _csr(q, qi, ids[pi])
-    return offsets, hits, np.ascontiguousarray(fr, dtype=_F64)
+    return _fraction_csr(q, query_rows, proxy_rows, fractions, ids, first_hit)
 
 
 def crossing_rows(tight_a, tight_b, dims):
