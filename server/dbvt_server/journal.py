@@ -132,8 +132,8 @@ class Journal:
         try:
             os.ftruncate(self._fd, size)
         except OSError:
-            # The record stays, but a reader cuts the journal at it (a record whose batch was refused
-            # also fails again when replayed): nothing wrong is ever restored.
+            # The record stays, but replay passes over it: its batch is refused again, on the same
+            # world, and the next record carries the same tick (persistence.Store._replay).
             pass
 
 
