@@ -775,15 +775,20 @@ cdef void moved_fat(const TreeCore *t, int32_t proxy, const float *tight, float 
     """The fat box of a proxy that left its own for `tight`: the tight box grown by the margin and
     by `prediction` more moves like this one."""
     cdef const Proxy *p = &t.proxies[proxy]
-    cdef float shift, limit
+    cdef float step, shift, limit
     cdef int i
     fatten(t, tight, fat)
     for i in range(t.dims):
-        # Predict the next move from this one, but never by more than the box's own size: a
-        # teleport must not leave a huge fat box behind.
-        shift = prediction * (tight[i] - p.tight[i])
+        # Predict the next move from this one, but never by more than the box's own size and the
+        # margin: a fast box must not leave a huge fat box behind. A step that even so capped a box
+        # could not hold again (a teleport, a box moving faster than its size) is not predicted:
+        # the box leaves its fat box at the next move anyway, and the growth would only add fat pairs.
+        step = tight[i] - p.tight[i]
+        shift = prediction * step
         limit = tight[i + 3] - tight[i] + t.margin
-        if shift > limit:
+        if step > limit + t.margin or step < -(limit + t.margin):
+            shift = 0
+        elif shift > limit:
             shift = limit
         elif shift < -limit:
             shift = -limit

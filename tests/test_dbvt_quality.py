@@ -123,3 +123,31 @@ def test_stats_of_tiny_trees_are_finite(n):
     stats = tree.stats()
     assert stats["proxies"] == n and stats["height"] <= 1
     assert np.isfinite(stats["area_ratio"]) and stats["memory_bytes"] >= 0
+
+
+@pytest.mark.parametrize("n", [1_000, 80_000])    # 80,000 moves take the split (threaded) path
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_step_a_fat_box_can_hold_again_is_predicted_and_a_jump_is_not(n, threads):
+    """Pairs of unit boxes 1.5 apart along x, no margin. A step of 0.4 grows each fat box ahead, by its
+    size at most, so the next such step stays inside, and each pair's fat boxes meet. A jump of 5 is
+    more than a box grown by its size could hold again: it grows nothing, and no fat boxes meet."""
+    half = n // 2
+    x = np.repeat(np.arange(half) * 10.0, 2) + np.tile([0.0, 1.5], half)
+    boxes = np.zeros((n, 6), np.float32)
+    boxes[:, 0], boxes[:, 3], boxes[:, 4], boxes[:, 5] = x, x + 1, 1, 1
+    ids = np.arange(n, dtype=np.uint64)
+
+    def shifted(by: float) -> np.ndarray:
+        return boxes + np.float32(by) * np.array([1, 0, 0, 1, 0, 0], np.float32)
+
+    bp = dbvt.Broadphase(dims=3, margin=0.0, threads=threads)
+    bp.create(ids, boxes)
+    bp.update()
+    assert bp.stats()["fat_pairs"] == 0
+    assert bp.move(ids, shifted(0.4)) == n
+    bp.update()
+    assert bp.stats()["fat_pairs"] == half
+    assert bp.move(ids, shifted(0.8)) == 0
+    assert bp.move(ids, shifted(5.8)) == n
+    bp.update()
+    assert bp.stats()["fat_pairs"] == 0 and len(bp.pairs()) == 0

@@ -149,8 +149,9 @@ def test_the_world_equals_a_reference_that_refuses_the_same_batches(steps):
     the reference takes past the limit is refused, naming the pairs it would have made; a refusal for
     the pairs themselves happens only then. The world may also refuse a batch for its fat boxes' pairs
     (FAT_PAIRS_PER_PAIR times the limit): without a margin a fat box still covers the predicted next
-    moves, up to the box's own size on each axis, and proxies that jump across this small world make
-    several times the pairs (a soak of 320 examples found one). Either way the world is as it was."""
+    moves, up to the box's own size on each axis, and proxies that each move about their size in this
+    small world make several times the pairs (a soak of 320 examples found one). Either way the world
+    is as it was."""
     limit = 60
     truth = reference.Broadphase(dims=3, margin=0.0)
     live: list[int] = []
