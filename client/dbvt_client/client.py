@@ -128,7 +128,9 @@ class Client:
         given: `None` takes the existing world's limit, whatever it is.
 
         `max_pairs` limits the world's overlapping pairs (None: the server's limit): a batch that would
-        pass it raises `ResourceExhausted` and changes nothing. Compared on reattaching as `max_proxies` is.
+        pass it raises `ResourceExhausted` and changes nothing. The fat boxes' pairs are held to 4 times
+        the limit while a batch is applied (docs/operations.md, Limits), so leave it some room. Compared on
+        reattaching as `max_proxies` is.
 
         On a server with a data directory every world is kept across restarts, unless `ephemeral=True`
         (a throwaway match): such a world is gone when the server stops.
