@@ -1,0 +1,98 @@
+"""Pipelined batches on one stream, cut into parts by a small message size, against the reference.
+
+Random creates, moves and destroys, some with a fault (a NaN box, an id given twice, an unknown id,
+a stale expected_tick), are submitted several at a time before any answer is read. Each batch is
+applied whole or refused whole, in order; its answer is the reference's update; a refusal changes
+nothing, so the batches after it apply to the world as it was.
+"""
+from __future__ import annotations
+
+import copy
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dbvt import reference
+from dbvt_client import Client, InvalidArgument, TickMismatch
+from servers import ServerThread
+from worlds import assert_same_pairs
+
+# 4,096 bytes of rows a message once the SDK's room for the rest is taken: 128 created rows a part.
+SMALL_MESSAGES = 8192
+FAULTS = [None, None, None, "nan", "twice", "unknown", "stale tick"]
+_names = (f"parts-{i}" for i in itertools.count())
+
+
+@pytest.fixture(scope="module")
+def small_server():
+    running = ServerThread(max_message_bytes=SMALL_MESSAGES)
+    yield running
+    running.stop()
+
+
+def boxes(rng, n: int) -> np.ndarray:
+    low = rng.uniform(0, 30, (n, 3))
+    return np.concatenate([low, low + rng.uniform(0.5, 3, (n, 3))], 1).astype(np.float32)
+
+
+def planned(truth, live: set, tick: int, rng, fault):
+    """A batch for the world as `truth` holds it, with `fault` put in where the batch allows it; and
+    what must come of it: the reference after it with its update's (begun, ended), or the error
+    class it must be refused with."""
+    fresh = np.setdiff1d(rng.choice(5000, int(rng.integers(0, 300)), replace=False), sorted(live)).astype(np.uint64)
+    held = np.array(sorted(live), np.uint64)
+    moved = rng.permutation(held)[: int(rng.integers(0, len(held) + 1))]
+    gone = np.setdiff1d(held, moved)[: int(rng.integers(0, 40))]
+    batch = {"create": (fresh, boxes(rng, len(fresh))), "move": (moved, boxes(rng, len(moved))), "destroy": gone,
+             "expected_tick": tick}
+    if fault == "nan" and len(fresh):
+        batch["create"][1][-1, 2] = np.nan
+    elif fault == "twice" and len(fresh) and len(moved):
+        batch["move"][0][-1] = fresh[0]
+    elif fault == "unknown":
+        batch["destroy"] = np.append(gone, np.uint64(10**6)).astype(np.uint64)
+    elif fault == "stale tick":
+        batch["expected_tick"] = tick - 1 if tick else tick + 1
+        return batch, None, TickMismatch
+    else:
+        after = copy.deepcopy(truth)
+        after.create(*batch["create"])
+        after.move(*batch["move"])
+        after.destroy(gone)
+        return batch, after, after.update()
+    return batch, None, InvalidArgument
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**32 - 1), faults=st.lists(st.sampled_from(FAULTS), min_size=1, max_size=8),
+       margin=st.sampled_from([0.0, 0.1]))
+def test_pipelined_batches_in_parts_apply_whole_or_not_at_all(small_server, seed, faults, margin):
+    rng = np.random.default_rng(seed)
+    with Client(small_server.target) as client:
+        name = next(_names)
+        world = client.create_world(name, dims=3, margin=margin)
+        try:
+            truth, live, tick, sent = reference.Broadphase(dims=3, margin=margin), set(), 0, []
+            with world.stream() as stream:
+                for fault in faults:
+                    batch, after, outcome = planned(truth, live, tick, rng, fault)
+                    sent.append((stream.submit(**batch), outcome))
+                    if after is not None:
+                        truth, tick = after, tick + 1
+                        live = (live | set(batch["create"][0].tolist())) - set(batch["destroy"].tolist())
+                for future, outcome in sent:
+                    if isinstance(outcome, type):
+                        with pytest.raises(outcome):
+                            future.result()
+                        continue
+                    result = future.result()
+                    assert_same_pairs(result.begun, outcome[0], "begun")
+                    assert_same_pairs(result.ended, outcome[1], "ended")
+            info = world.info()
+            assert (info.tick, info.proxies) == (tick, len(live))
+            assert_same_pairs(world.pairs(), truth.pairs())
+        finally:
+            client.delete_world(name)
