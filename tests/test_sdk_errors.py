@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from dbvt_client import (AlreadyExists, Client, Create, InvalidArgument, NotFound, ResourceExhausted)
+from dbvt_client import batches
 from dbvt_proto.v1 import broadphase_pb2 as pb
 from dbvt_proto.v1 import broadphase_pb2_grpc as pb_grpc
 from servers import ServerThread
@@ -183,6 +184,16 @@ def test_split_batch_is_atomic():
             assert np.array_equal(hits, ids) and np.array_equal(offsets, np.arange(n + 1))
     finally:
         server.stop()
+
+
+def test_a_message_too_small_for_one_row_is_named_with_the_room_it_leaves():
+    """The server holds max_message_bytes to at least 8192 (tests/test_server_config.py); below the
+    room a message keeps for its other fields, the SDK says so rather than blame the row."""
+    ops = batches.encode(create=(np.arange(3, dtype=np.uint64), np.zeros((3, 6), np.float32)))
+    with pytest.raises(InvalidArgument, match=r"one create_ids row takes 32 bytes, but a message of 2000 bytes "
+                                              r"\(the server's max_message_bytes\) has room for 0 once 4096"):
+        batches.split(ops, 2000)
+    assert [len(part["create_ids"]) for part in batches.split(ops, 4096 + 64)] == [2, 1]
 
 
 def test_raw_protocol_errors(server):

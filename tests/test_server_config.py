@@ -45,8 +45,10 @@ def test_a_refused_flag_is_named():
 # A refused value of every validated setting, and what it is told.
 REFUSED = [
     ("port", "70000", "port must be between 0 and 65535"),
-    ("max_message_bytes", "0", "max_message_bytes must be between 1 and 2147483647 (gRPC's limit)"),
-    ("max_message_bytes", "2147483648", "max_message_bytes must be between 1 and 2147483647 (gRPC's limit)"),
+    ("max_message_bytes", "8191", "max_message_bytes must be between 8192 (room for rows beside a message's other "
+                                  "fields) and 2147483647 (gRPC's limit)"),
+    ("max_message_bytes", "2147483648", "max_message_bytes must be between 8192 (room for rows beside a message's "
+                                        "other fields) and 2147483647 (gRPC's limit)"),
     ("max_worlds", "0", "max_worlds must be positive"),
     ("max_proxies_per_world", "-5", "max_proxies_per_world must be positive"),
     ("grace_seconds", "-1.0", "grace_seconds must be a finite number >= 0"),

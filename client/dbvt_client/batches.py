@@ -154,7 +154,9 @@ def split(ops: list[list[_Column]], max_message_bytes: int, expected_tick: int |
         rows = len(columns[0].values)
         row_bytes = sum(column.row_bytes for column in columns)
         if row_bytes > budget:
-            raise InvalidArgument(f"one {columns[0].field} row takes {row_bytes} bytes, more than a message may hold")
+            raise InvalidArgument(f"one {columns[0].field} row takes {row_bytes} bytes, but a message of "
+                                  f"{max_message_bytes} bytes (the server's max_message_bytes) has room for "
+                                  f"{max(budget, 0)} once {MESSAGE_OVERHEAD} are kept for its other fields")
         start = 0
         while start < rows:
             take = min(rows - start, room // row_bytes)

@@ -9,11 +9,15 @@ from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
 from dbvt.validation import MAX_THREADS
+from dbvt_client.batches import MESSAGE_OVERHEAD
 from dbvt_client.routing import is_dns
 from dbvt_server import __version__
 
 MIB = 1 << 20
 MAX_GRPC_MESSAGE = (1 << 31) - 1
+# Every message keeps MESSAGE_OVERHEAD bytes for the fields around its rows (the SDK's batches and
+# query sets, the server's answers in parts); below twice that, rows would hardly fit, or not at all.
+MIN_MESSAGE_BYTES = 2 * MESSAGE_OVERHEAD
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
@@ -133,7 +137,9 @@ SETTINGS = [
             lambda port: 0 <= port <= 65535, "must be between 0 and 65535"),
     Setting("max_message_bytes", "DBVT_MAX_MESSAGE_BYTES", int,
             "largest message received or sent, in bytes; bigger batches, query sets and answers go in parts",
-            lambda size: 0 < size <= MAX_GRPC_MESSAGE, f"must be between 1 and {MAX_GRPC_MESSAGE} (gRPC's limit)"),
+            lambda size: MIN_MESSAGE_BYTES <= size <= MAX_GRPC_MESSAGE,
+            f"must be between {MIN_MESSAGE_BYTES} (room for rows beside a message's other fields) and "
+            f"{MAX_GRPC_MESSAGE} (gRPC's limit)"),
     Setting("max_worlds", "DBVT_MAX_WORLDS", int, "most worlds held at once", _positive, "must be positive"),
     Setting("max_proxies_per_world", "DBVT_MAX_PROXIES_PER_WORLD", int, "most proxies in one world",
             _positive, "must be positive"),
