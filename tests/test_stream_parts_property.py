@@ -1,4 +1,5 @@
-"""Pipelined batches on one stream, cut into parts by a small message size, against the reference.
+"""Pipelined batches on one stream, cut into parts by a small message size, against the reference;
+and tasks sharing one stream of an AsyncClient.
 
 Random creates, moves and destroys, some with a fault (a NaN box, an id given twice, an unknown id,
 a stale expected_tick), are submitted several at a time before any answer is read. Each batch is
@@ -7,6 +8,7 @@ nothing, so the batches after it apply to the world as it was.
 """
 from __future__ import annotations
 
+import asyncio
 import copy
 import itertools
 
@@ -16,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dbvt import reference
-from dbvt_client import Client, InvalidArgument, TickMismatch
+from dbvt_client import AsyncClient, Client, InvalidArgument, TickMismatch
 from servers import ServerThread
 from worlds import assert_same_pairs
 
@@ -96,3 +98,32 @@ def test_pipelined_batches_in_parts_apply_whole_or_not_at_all(small_server, seed
             assert_same_pairs(world.pairs(), truth.pairs())
         finally:
             client.delete_world(name)
+
+
+def test_tasks_sharing_an_async_stream_each_get_their_own_answer(small_server):
+    """Tasks of an AsyncClient submitting on one stream at once, each batch in several parts: gRPC
+    takes one write at a time on a call, so a batch's parts go out together, and every task gets its
+    own answer, as threads sharing a synchronous stream do. (Before, the second writer ended the call.)"""
+    rows, tasks = 600, 6
+    everything = boxes(np.random.default_rng(5), rows * tasks)
+
+    async def run():
+        async with AsyncClient(small_server.target) as client:
+            world = await client.create_world(next(_names), dims=3)
+            async with world.stream() as stream:
+                async def create(k: int):
+                    ids = np.arange(k * rows, (k + 1) * rows, dtype=np.uint64)
+                    return await stream.apply(create=(ids, everything[k * rows:(k + 1) * rows]))
+
+                results = await asyncio.gather(*(create(k) for k in range(tasks)))
+            pairs = await world.pairs()
+            await client.delete_world(world.name)
+            return results, pairs
+
+    results, pairs = asyncio.run(run())
+    assert sorted(result.tick for result in results) == list(range(1, tasks + 1))
+    truth = reference.Broadphase(dims=3, margin=0.05)
+    truth.create(np.arange(rows * tasks, dtype=np.uint64), everything)
+    assert_same_pairs(pairs, truth.pairs())
+    begun = np.concatenate([result.begun for result in results])
+    assert_same_pairs(begun[np.lexsort((begun[:, 1], begun[:, 0]))], truth.pairs(), "every begun pair")

@@ -270,6 +270,9 @@ class AsyncBatchStream:
         self._closed = False
         # Set once the stream has ended: later submits fail at once with it.
         self._failure: DbvtError | None = None
+        # A batch's parts go out together, in the order the futures wait for their answers: tasks
+        # sharing the stream would otherwise write at once, which gRPC refuses by ending the call.
+        self._writing = asyncio.Lock()
 
     async def __aenter__(self) -> "AsyncBatchStream":
         # Asked first (every batch needs it): a client routing by DNS also learns its servers by it.
@@ -296,22 +299,25 @@ class AsyncBatchStream:
         return await (await self._submit_parts(parts))
 
     async def _submit_parts(self, parts: list[dict]) -> asyncio.Future:
-        if self._closed:
-            raise Unavailable("the batch stream is closed")
-        if self._failure is not None:
-            raise self._failure
-        if self._call is None:
-            raise Unavailable("the batch stream is not open (use `async with world.stream() as s`)")
-        future = asyncio.get_running_loop().create_future()
-        self._pending.append(future)
-        for request in batches.stream_requests(self._world.name, next(self._sequence), parts):
-            await self._call.write(request)
+        async with self._writing:
+            if self._closed:
+                raise Unavailable("the batch stream is closed")
+            if self._failure is not None:
+                raise self._failure
+            if self._call is None:
+                raise Unavailable("the batch stream is not open (use `async with world.stream() as s`)")
+            future = asyncio.get_running_loop().create_future()
+            self._pending.append(future)
+            for request in batches.stream_requests(self._world.name, next(self._sequence), parts):
+                await self._call.write(request)
         return future
 
     async def close(self) -> None:
         if self._call is not None and not self._closed:
-            self._closed = True
-            await self._call.done_writing()
+            async with self._writing:
+                # A batch being written goes out whole first; submits waiting behind it are refused.
+                self._closed = True
+                await self._call.done_writing()
             await self._reader
 
     async def _read(self) -> None:
