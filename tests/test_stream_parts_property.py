@@ -1,5 +1,5 @@
 """Pipelined batches on one stream, cut into parts by a small message size, against the reference;
-and tasks sharing one stream of an AsyncClient.
+and threads sharing one stream, or tasks sharing an AsyncClient's.
 
 Random creates, moves and destroys, some with a fault (a NaN box, an id given twice, an unknown id,
 a stale expected_tick), are submitted several at a time before any answer is read. Each batch is
@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import itertools
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -100,6 +101,17 @@ def test_pipelined_batches_in_parts_apply_whole_or_not_at_all(small_server, seed
             client.delete_world(name)
 
 
+def assert_each_got_its_answer(results: list, pairs: np.ndarray, everything: np.ndarray) -> None:
+    """Batches that each created their share of `everything` took one tick each, in some order; the
+    world holds the reference's pairs, and each began in exactly one batch's answer."""
+    assert sorted(result.tick for result in results) == list(range(1, len(results) + 1))
+    truth = reference.Broadphase(dims=3, margin=0.05)
+    truth.create(np.arange(len(everything), dtype=np.uint64), everything)
+    assert_same_pairs(pairs, truth.pairs())
+    begun = np.concatenate([result.begun for result in results])
+    assert_same_pairs(begun[np.lexsort((begun[:, 1], begun[:, 0]))], truth.pairs(), "every begun pair")
+
+
 def test_tasks_sharing_an_async_stream_each_get_their_own_answer(small_server):
     """Tasks of an AsyncClient submitting on one stream at once, each batch in several parts: gRPC
     takes one write at a time on a call, so a batch's parts go out together, and every task gets its
@@ -120,10 +132,24 @@ def test_tasks_sharing_an_async_stream_each_get_their_own_answer(small_server):
             await client.delete_world(world.name)
             return results, pairs
 
-    results, pairs = asyncio.run(run())
-    assert sorted(result.tick for result in results) == list(range(1, tasks + 1))
-    truth = reference.Broadphase(dims=3, margin=0.05)
-    truth.create(np.arange(rows * tasks, dtype=np.uint64), everything)
-    assert_same_pairs(pairs, truth.pairs())
-    begun = np.concatenate([result.begun for result in results])
-    assert_same_pairs(begun[np.lexsort((begun[:, 1], begun[:, 0]))], truth.pairs(), "every begun pair")
+    assert_each_got_its_answer(*asyncio.run(run()), everything)
+
+
+def test_threads_sharing_a_stream_each_get_their_own_answer(small_server):
+    """The same with threads on one synchronous stream: a batch's parts are queued together, under the
+    stream's lock, with its future."""
+    rows, threads = 600, 6
+    everything = boxes(np.random.default_rng(6), rows * threads)
+    with Client(small_server.target) as client:
+        world = client.create_world(next(_names), dims=3)
+        try:
+            with world.stream() as stream, ThreadPoolExecutor(threads) as pool:
+                def create(k: int):
+                    ids = np.arange(k * rows, (k + 1) * rows, dtype=np.uint64)
+                    return stream.apply(create=(ids, everything[k * rows:(k + 1) * rows]))
+
+                results = list(pool.map(create, range(threads)))
+            pairs = world.pairs()
+        finally:
+            client.delete_world(world.name)
+    assert_each_got_its_answer(results, pairs, everything)
