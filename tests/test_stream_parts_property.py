@@ -153,3 +153,31 @@ def test_threads_sharing_a_stream_each_get_their_own_answer(small_server):
         finally:
             client.delete_world(world.name)
     assert_each_got_its_answer(results, pairs, everything)
+
+
+def test_a_caller_cancelled_while_its_batch_is_written_leaves_the_stream_in_step(small_server):
+    """A task cancelled while its batch's parts are going out (a caller's own timeout) must not leave
+    part of a batch on the stream: the server would wait for the rest, refuse the next batch as cutting
+    into it, and every answer after would go to the wrong future. The batch goes out whole and is
+    applied; the caller just does not wait for it."""
+    rows = 3000
+    everything = boxes(np.random.default_rng(7), rows + 1)
+
+    async def run():
+        async with AsyncClient(small_server.target) as client:
+            world = await client.create_world(next(_names), dims=3)
+            async with world.stream() as stream:
+                big = asyncio.ensure_future(stream.submit(create=(np.arange(rows, dtype=np.uint64), everything[:rows])))
+                await asyncio.sleep(0)      # its first parts are on their way
+                big.cancel()
+                late = await asyncio.wait_for(stream.apply(create=(np.array([rows], np.uint64), everything[rows:])), 20)
+            pairs = await world.pairs()
+            info = await world.info()
+            await client.delete_world(world.name)
+            return late, pairs, info
+
+    late, pairs, info = asyncio.run(run())
+    assert (info.tick, info.proxies, late.tick) == (2, rows + 1, 2)
+    truth = reference.Broadphase(dims=3, margin=0.05)
+    truth.create(np.arange(rows + 1, dtype=np.uint64), everything)
+    assert_same_pairs(pairs, truth.pairs())

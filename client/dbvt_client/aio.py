@@ -270,9 +270,10 @@ class AsyncBatchStream:
         self._closed = False
         # Set once the stream has ended: later submits fail at once with it.
         self._failure: DbvtError | None = None
-        # A batch's parts go out together, in the order the futures wait for their answers: tasks
-        # sharing the stream would otherwise write at once, which gRPC refuses by ending the call.
-        self._writing = asyncio.Lock()
+        # The task writing the last batch submitted. Each batch's writer waits for the one before it,
+        # so a batch's parts go out together and in the order the futures wait for their answers:
+        # tasks sharing the stream would otherwise write at once, which gRPC refuses by ending the call.
+        self._writing: asyncio.Future | None = None
 
     async def __aenter__(self) -> "AsyncBatchStream":
         # Asked first (every batch needs it): a client routing by DNS also learns its servers by it.
@@ -299,25 +300,35 @@ class AsyncBatchStream:
         return await (await self._submit_parts(parts))
 
     async def _submit_parts(self, parts: list[dict]) -> asyncio.Future:
-        async with self._writing:
-            if self._closed:
-                raise Unavailable("the batch stream is closed")
-            if self._failure is not None:
-                raise self._failure
-            if self._call is None:
-                raise Unavailable("the batch stream is not open (use `async with world.stream() as s`)")
-            future = asyncio.get_running_loop().create_future()
-            self._pending.append(future)
-            for request in batches.stream_requests(self._world.name, next(self._sequence), parts):
-                await self._call.write(request)
+        if self._closed:
+            raise Unavailable("the batch stream is closed")
+        if self._failure is not None:
+            raise self._failure
+        if self._call is None:
+            raise Unavailable("the batch stream is not open (use `async with world.stream() as s`)")
+        future = asyncio.get_running_loop().create_future()
+        self._pending.append(future)
+        requests = batches.stream_requests(self._world.name, next(self._sequence), parts)
+        self._writing = asyncio.ensure_future(self._write_after(self._writing, requests))
+        # A caller cancelled meanwhile (its own timeout) leaves the batch going out whole: part of one
+        # would make the server refuse the next as cutting into it, and put every later answer out of step.
+        await asyncio.shield(self._writing)
         return future
+
+    async def _write_after(self, before: asyncio.Future | None, requests: list) -> None:
+        if before is not None:
+            # Whether it went out or found the call over, this batch's turn has come.
+            await asyncio.gather(before, return_exceptions=True)
+        for request in requests:
+            await self._call.write(request)
 
     async def close(self) -> None:
         if self._call is not None and not self._closed:
-            async with self._writing:
-                # A batch being written goes out whole first; submits waiting behind it are refused.
-                self._closed = True
-                await self._call.done_writing()
+            # Batches submitted before go out whole first; later submits are refused.
+            self._closed = True
+            if self._writing is not None:
+                await asyncio.gather(self._writing, return_exceptions=True)
+            await self._call.done_writing()
             await self._reader
 
     async def _read(self) -> None:
