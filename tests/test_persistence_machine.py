@@ -20,9 +20,8 @@ from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
 from dbvt import reference
 from dbvt_client import Client, InvalidArgument, ResourceExhausted
-from dbvt_server.worlds import FAT_PAIRS_PER_PAIR
 from servers import ServerProcess
-from worlds import assert_same_csr, assert_same_pairs
+from worlds import assert_a_pair_limit_refusal, assert_same_csr, assert_same_pairs
 
 pytestmark = pytest.mark.slow
 
@@ -83,10 +82,7 @@ class RestartMachine(RuleBasedStateMachine):
         try:
             result = self.world.apply(create=create, sensor=sensor, move=move, destroy=gone)
         except ResourceExhausted as refusal:
-            if len(trial.pairs()) <= LIMIT:
-                assert f"more than {FAT_PAIRS_PER_PAIR * LIMIT} pairs of boxes grown" in str(refusal)
-            elif "boxes grown" not in str(refusal):
-                assert f"{len(trial.pairs())} pairs, past its limit of {LIMIT}" in str(refusal)
+            assert_a_pair_limit_refusal(refusal, len(trial.pairs()), LIMIT)
             event("a batch refused for its pairs")
             assert self.world.info().tick == self.tick
             return

@@ -11,6 +11,8 @@ import math
 
 import numpy as np
 
+from dbvt_server.worlds import FAT_PAIRS_PER_PAIR
+
 
 class W1World:
     def __init__(self, n: int, dims: int = 3, seed: int = 0, moving_fraction: float = 0.1):
@@ -144,3 +146,12 @@ def update_both(real, ref):
         np.testing.assert_array_equal(got, expected)
     for got, expected in zip(real.sensor_events(), ref.sensor_events()):
         np.testing.assert_array_equal(got, expected)
+
+
+def assert_a_pair_limit_refusal(refusal: Exception, pairs: int, limit: int) -> None:
+    """A batch refused by a world's pair limit `limit`, whose reference says it would make `pairs`:
+    past the limit, for its pairs (named exactly) or its fat boxes' pairs; within it, only for the fat
+    boxes' pairs (FAT_PAIRS_PER_PAIR times the limit, a bound on memory; docs/operations.md, Limits)."""
+    told = str(refusal)
+    if f"more than {FAT_PAIRS_PER_PAIR * limit} pairs of boxes grown" not in told:
+        assert pairs > limit and f"{pairs} pairs, past its limit of {limit}" in told, told
