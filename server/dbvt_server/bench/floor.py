@@ -47,6 +47,11 @@ ROUNDS = 40
 WARM_UP = 5
 
 
+def step_message(ids: np.ndarray, boxes: np.ndarray) -> bytes:
+    """A step for the stepping floor: its moves' uint64 ids, then their float32 boxes (MOVE_BYTES a move)."""
+    return ids.astype("<u8").tobytes() + boxes.astype("<f4").tobytes()
+
+
 def _work(seconds: float, answer_bytes: int) -> bytes:
     deadline = time.perf_counter() + seconds
     while time.perf_counter() < deadline:
@@ -179,7 +184,7 @@ def paired_steps(apply_step: Callable[[int], object], boxes: np.ndarray, move_id
         send()
         return time.perf_counter() - started
 
-    messages = [ids.astype("<u8").tobytes() + rows.astype("<f4").tobytes() for ids, rows in zip(move_ids, move_boxes)]
+    messages = [step_message(ids, rows) for ids, rows in zip(move_ids, move_boxes)]
     served: list[float] = []
     bare: list[float] = []
     with _bare_channel() as channel:

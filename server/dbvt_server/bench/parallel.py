@@ -260,8 +260,7 @@ def _bare_query_job(channel: grpc.Channel, world: int, queries) -> Job:
 
 def _bare_stream_job(channel: grpc.Channel, work) -> Job:
     """Each world of the bare server is its stream's own, made by the stream's first message."""
-    steps = [work.move_ids[step].astype("<u8").tobytes() + work.move_boxes[step].astype("<f4").tobytes()
-             for step in range(work.steps)]
+    steps = [bench_floor.step_message(work.move_ids[step], work.move_boxes[step]) for step in range(work.steps)]
     return _streaming_job(channel.stream_stream(bench_floor.FLOOR + "Steps"), lambda: itertools.cycle(steps),
                           opening=work.boxes.astype("<f4").tobytes())
 
