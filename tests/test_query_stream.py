@@ -3,6 +3,8 @@ and answers in parts, refusals that leave the stream open, deadlines, and a shut
 from __future__ import annotations
 
 import asyncio
+import gc
+import logging
 import queue
 import threading
 import time
@@ -251,6 +253,34 @@ def test_the_async_client_shares_its_stream_between_tasks(server):
     asyncio.run(drive())
 
 
+def test_a_task_cancelled_while_its_set_is_written_leaves_the_stream_to_the_others(server, caplog):
+    """A caller that stops waiting while its set's parts go out (cancelled, or its own asyncio.wait_for)
+    must not end the stream: gRPC ends a call whose write is cancelled, and every other task's set on it
+    is then asked again (once: a second cut fails it). The set goes out whole, its answer is dropped,
+    and nothing is left for the loop to report (a future whose exception nobody retrieved)."""
+    caplog.set_level(logging.WARNING, logger="dbvt_server")
+    # Thousands of boxes hitting nothing: a set of several parts at SMALL bytes a message, a small answer.
+    far = np.tile(np.array([[50, 50, 50, 51, 51, 51]], np.float32), (3000, 1))
+    reported = []
+
+    async def drive():
+        asyncio.get_running_loop().set_exception_handler(lambda loop, context: reported.append(context["message"]))
+        async with AsyncClient(server.target) as client:
+            for _ in range(10):
+                cancelled = asyncio.ensure_future(client.world("pile").query_aabb(far))
+                others = [asyncio.ensure_future(client.world("quiet").query_aabb(QUIET)) for _ in range(4)]
+                await asyncio.sleep(0)      # the big set's first parts are on their way
+                cancelled.cancel()
+                answers = await asyncio.gather(*others)
+                assert [answer.hits.tolist() for answer in answers] == [[7]] * 4
+            assert len((await client.world("pile").query_aabb(far)).hits) == 0
+        gc.collect()
+
+    asyncio.run(drive())
+    assert reported == []
+    assert [record.getMessage() for record in caplog.records if "StreamQueries" in record.getMessage()] == []
+
+
 def test_the_clients_timeout_bounds_each_set_and_the_stream_goes_on(server):
     with Client(server.target, timeout=0.2) as hurried:
         assert len(hurried.world("quiet").query_aabb([[5, 5, 5, 6, 6, 6]]).hits) == 1
@@ -274,6 +304,60 @@ def test_the_async_clients_timeout_bounds_each_set_too(server):
             return len((await hurried.world("quiet").query_aabb(QUIET)).hits)
 
     assert asyncio.run(drive()) == 1
+
+
+@pytest.fixture
+def deaf_server():
+    """A gRPC server that answers GetServerInfo and reads nothing of a query stream: the SDK's writes
+    fill the connection's window and stay there, as with a hung dbvt-server."""
+    ready: queue.SimpleQueue = queue.SimpleQueue()
+    stop = threading.Event()
+
+    async def serve():
+        async def read_nothing(requests, context):
+            while not stop.is_set():
+                await asyncio.sleep(0.05)
+            yield b""
+
+        info = pb.GetServerInfoResponse(max_message_bytes=4 << 20).SerializeToString()
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("dbvt.v1.BroadphaseService", {
+            "StreamQueries": grpc.stream_stream_rpc_method_handler(read_nothing),
+            "GetServerInfo": grpc.unary_unary_rpc_method_handler(lambda request, context: info)})])
+        ready.put(server.add_insecure_port("127.0.0.1:0"))
+        await server.start()
+        while not stop.is_set():
+            await asyncio.sleep(0.05)
+        await server.stop(0)
+
+    thread = threading.Thread(target=asyncio.run, args=(serve(),), daemon=True)
+    thread.start()
+    yield f"127.0.0.1:{ready.get(timeout=10)}"
+    stop.set()
+    thread.join(10)
+
+
+def test_against_a_server_that_reads_nothing_each_set_times_out_on_time_and_close_returns(deaf_server):
+    # 9.6 MB a set: more than the connection's window holds.
+    big = np.zeros((400_000, 6), np.float32)
+
+    async def drive():
+        client = AsyncClient(deaf_server, timeout=0.3)
+        for _ in range(2):
+            started = time.monotonic()
+            with pytest.raises(DeadlineExceeded, match="within the client's timeout of 0.3 s"):
+                await client.world("any").query_aabb(big)
+            assert time.monotonic() - started < 2
+        started = time.monotonic()
+        await client.close()
+        return time.monotonic() - started
+
+    assert asyncio.run(drive()) < 3
+    with Client(deaf_server, timeout=0.3) as hurried:
+        started = time.monotonic()
+        with pytest.raises(DeadlineExceeded, match="within the client's timeout of 0.3 s"):
+            hurried.world("any").query_aabb(big)
+        assert time.monotonic() - started < 2
 
 
 def test_an_open_query_stream_does_not_hold_a_shutdown(tmp_path):

@@ -238,61 +238,84 @@ class AsyncQueryStream:
         self._call = None
         self._waiting: _Waiting | None = None
         self._reading: asyncio.Task | None = None
-        # The parts of one set go out one after another.
-        self._writing = asyncio.Lock()
+        # The task writing the call's last set. Each set's writer waits for the one before it, so
+        # that a set's parts go out together; and a caller who stops waiting (cancelled, or its own
+        # asyncio.wait_for) leaves its set going out whole, as gRPC ends the call, and every set on it,
+        # when a write is cancelled.
+        self._writing: asyncio.Task | None = None
 
     async def ask(self, method: str, requests: list):
         deadline = None if self._timeout is None else time.monotonic() + self._timeout
         for attempt in range(2):
             remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            future = asyncio.get_running_loop().create_future()
+            call, waiting, sequence, written = self._send(method, requests, remaining, future)
             try:
-                # The timeout bounds the sending too: a server that reads nothing holds a write back.
-                return await asyncio.wait_for(self._asked(method, requests, remaining), remaining)
+                return await asyncio.wait_for(_answered(written, future), remaining)
             except asyncio.TimeoutError:
+                if not written.done():
+                    # The timeout bounds the sending too: a server that reads nothing holds the write
+                    # back, and the stream is of no more use.
+                    call.cancel()
                 raise _timed_out(self._timeout) from None
             except StreamEnded as ended:
                 if attempt or not _ask_again(ended.error):
                     raise ended.error from None
+            finally:
+                # Answered, refused, timed out or cancelled: an answer still to come is dropped.
+                waiting.forget(sequence)
         raise AssertionError("a set is asked at most twice")
 
-    async def _asked(self, method: str, requests: list, timeout: float | None):
-        future = asyncio.get_running_loop().create_future()
-        waiting, sequence = await self._send(method, requests, timeout, future)
-        try:
-            return await future
-        finally:
-            waiting.forget(sequence)
-
-    async def _send(self, method: str, requests: list, timeout: float | None, future) -> tuple[_Waiting, int]:
-        async with self._writing:
-            sequence, answer = next(self._sequence), _Answer(method, future)
-            if self._call is None or not self._waiting.add(sequence, answer):
-                self._call, self._waiting = self._method(metadata=self._metadata), _Waiting()
-                self._waiting.add(sequence, answer)
-                self._reading = asyncio.create_task(_read_async(self._call, self._waiting))
-            waiting, call = self._waiting, self._call
-            try:
-                for message in set_requests(sequence, method, requests, timeout):
-                    await call.write(message)
-            except (grpc.RpcError, asyncio.InvalidStateError):
-                pass    # the call is over: its reader fails the set with how it ended
-            return waiting, sequence
+    def _send(self, method: str, requests: list, timeout: float | None, future):
+        """The set registered on the open stream (opened if need be) and its writer started: the call,
+        its waiting sets, the set's sequence, and its writer."""
+        sequence, answer = next(self._sequence), _Answer(method, future)
+        if self._call is None or not self._waiting.add(sequence, answer):
+            self._call, self._waiting, self._writing = self._method(metadata=self._metadata), _Waiting(), None
+            self._waiting.add(sequence, answer)
+            self._reading = asyncio.create_task(_read_async(self._call, self._waiting))
+        self._writing = asyncio.create_task(_write_after(self._writing, self._call,
+                                                         set_requests(sequence, method, requests, timeout)))
+        return self._call, self._waiting, sequence, self._writing
 
     async def close(self) -> None:
         """See `QueryStream.close`."""
         if self._call is None:
             return
-        async with self._writing:
-            call, reading, self._call = self._call, self._reading, None
+        call, reading, writing, self._call = self._call, self._reading, self._writing, None
+        if writing is not None:
+            # Sets asked before go out whole first, unless the server reads nothing.
+            await asyncio.wait([writing], timeout=CLOSE_SECONDS)
+        if writing is None or writing.done():
             try:
                 await call.done_writing()
             except (grpc.RpcError, asyncio.InvalidStateError):
                 pass    # the call is already over
-        try:
-            await asyncio.wait_for(asyncio.shield(reading), CLOSE_SECONDS)
-        except asyncio.TimeoutError:
+            await asyncio.wait([reading], timeout=CLOSE_SECONDS)
+        if not reading.done():
             call.cancel()
-            await asyncio.gather(reading, return_exceptions=True)
+            await asyncio.wait([reading])
+
+
+async def _answered(written: asyncio.Task, future: asyncio.Future):
+    """The set's answer once its writer is done; cancelled meanwhile, the writer goes on."""
+    await asyncio.wait([written])
+    return await future
+
+
+async def _write_after(before: asyncio.Task | None, call, messages: list[bytes]) -> None:
+    if before is not None:
+        # Whether it went out or found the call over, this set's turn has come.
+        await asyncio.wait([before])
+    try:
+        for message in messages:
+            await call.write(message)
+    except (grpc.RpcError, asyncio.InvalidStateError):
+        pass    # the call is over: its reader fails the set with how it ended
+    except asyncio.CancelledError:
+        if not call.cancelled():
+            raise
+        # The call was cancelled under the write (a set's timeout): its reader fails its sets.
 
 
 async def _read_async(call, waiting: _Waiting) -> None:
@@ -300,6 +323,12 @@ async def _read_async(call, waiting: _Waiting) -> None:
     try:
         async for response in call:
             waiting.take(response)
+    except asyncio.CancelledError:
+        if not call.cancelled():
+            raise
+        # This client cancelled the call: a set's write was held back past its timeout, or close()
+        # found the server not ending the stream.
+        failure = Unavailable("the query stream was cut off: the server read nothing in time")
     except Exception as error:
         failure = error
     finally:
