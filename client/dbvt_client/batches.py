@@ -42,7 +42,7 @@ class Create:
 
 
 def _as_create(create, static, group, mask, sensor=None) -> Create | None:
-    given = any(value is not None for value in (static, group, mask, sensor))
+    given = static is not None or group is not None or mask is not None or sensor is not None
     if create is None:
         if given:
             raise TypeError("static=, group=, mask= and sensor= describe created proxies; pass create= as well")

@@ -37,6 +37,11 @@ _LENGTH_DELIMITED = (FieldDescriptor.TYPE_STRING, FieldDescriptor.TYPE_BYTES, Fi
 def varint(value: int) -> bytes:
     if value < 0x80:
         return bytes((value,))
+    # A column's length is mostly under 2 MiB: its two or three bytes written at once.
+    if value < 0x4000:
+        return bytes((value & 0x7F | 0x80, value >> 7))
+    if value < 0x200000:
+        return bytes((value & 0x7F | 0x80, value >> 7 & 0x7F | 0x80, value >> 14))
     out = bytearray()
     while value > 0x7F:
         out.append((value & 0x7F) | 0x80)

@@ -27,6 +27,8 @@ BATCH_OPS = ("create_ids", "move_ids", "destroy_ids")
 # The pairs of fat boxes (grown by the margin) a world may hold per pair of its limit, while a batch
 # is applied: they bound the memory and time of the update before its pairs can be counted.
 FAT_PAIRS_PER_PAIR = 4
+# An empty id column, shared (read-only, as the columns read from a message are).
+NO_IDS = np.frombuffer(b"", dtype=wire.IDS)
 
 
 def column(arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -158,14 +160,15 @@ class World:
         mask = wire.decode(batch.create_mask, wire.BITS, (n,), "create_mask") if batch.create_mask else 0xFFFFFFFF
         sensor = wire.decode(batch.create_sensor, wire.FLAGS, (n,), "create_sensor") if batch.create_sensor else None
         try:
-            validation.as_boxes(create_boxes, dims, n, "create_boxes")
+            if n:
+                validation.as_boxes(create_boxes, dims, n, "create_boxes")
             if n or len(destroy_ids):
                 # A batch of moves alone (the streamed tick) is checked once, by the core, before it
                 # changes anything; beside other operations the boxes are checked before any of them.
                 validation.as_boxes(move_boxes, dims, len(move_ids), "move_boxes")
         except ValueError as exc:
             raise InvalidArgument(str(exc)) from None
-        if sum(1 for ids in (create_ids, move_ids, destroy_ids) if len(ids)) > 1:
+        if (n > 0) + (len(move_ids) > 0) + (len(destroy_ids) > 0) > 1:
             # Within one operation the core finds repeated ids itself, with its hash table.
             self._check_distinct(create_ids, move_ids, destroy_ids)
         if n and len(move_ids):
@@ -246,6 +249,9 @@ class World:
 
     @staticmethod
     def _ids(data: bytes, name: str) -> np.ndarray:
+        if not data:
+            # Most batches leave two of the three id columns empty: no numpy call for those.
+            return NO_IDS
         if len(data) % wire.IDS.itemsize:
             raise InvalidArgument(f"{name} has {len(data)} bytes, not a whole number of uint64 ids")
         return np.frombuffer(data, dtype=wire.IDS)
@@ -277,6 +283,8 @@ class World:
         last dimension is worked out from them: `create_boxes must be (n, 6) for a 3-D world, got (1, 4)`.
         """
         itemsize = wire.FLOATS.itemsize
+        if not data and not shape[0]:
+            return np.empty(shape, wire.FLOATS)
         if len(data) == itemsize * math.prod(shape):
             return np.frombuffer(data, dtype=wire.FLOATS).reshape(shape)
         leading = shape[:-1]
