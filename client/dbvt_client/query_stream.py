@@ -270,12 +270,12 @@ class AsyncQueryStream:
         """The set registered on the open stream (opened if need be) and its writer started: the call,
         its waiting sets, the set's sequence, and its writer."""
         sequence, answer = next(self._sequence), _Answer(method, future)
+        messages = set_requests(sequence, method, requests, timeout)
         if self._call is None or not self._waiting.add(sequence, answer):
             self._call, self._waiting, self._writing = self._method(metadata=self._metadata), _Waiting(), None
             self._waiting.add(sequence, answer)
             self._reading = asyncio.create_task(_read_async(self._call, self._waiting))
-        self._writing = asyncio.create_task(_write_after(self._writing, self._call,
-                                                         set_requests(sequence, method, requests, timeout)))
+        self._writing = asyncio.create_task(_write_after(self._writing, self._call, messages))
         return self._call, self._waiting, sequence, self._writing
 
     async def close(self) -> None:
