@@ -281,6 +281,42 @@ def test_a_task_cancelled_while_its_set_is_written_leaves_the_stream_to_the_othe
     assert [record.getMessage() for record in caplog.records if "StreamQueries" in record.getMessage()] == []
 
 
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(asks=st.lists(st.tuples(st.integers(1, 6000), st.none() | st.integers(0, 8)), min_size=2, max_size=6))
+def test_tasks_cancelled_at_any_point_leave_the_others_answers_exact(server, caplog, asks):
+    """Tasks share the async query stream, each asking a set of 1 to 6,000 boxes (up to nine parts at
+    SMALL bytes a message); some are cancelled after a few turns of the loop, anywhere in their set's
+    writing or waiting. Every other task gets its exact answer, and the stream is never cut."""
+    caplog.set_level(logging.WARNING, logger="dbvt_server")
+    quiet = references()["quiet"]
+    far = np.array([40, 40, 40, 41, 41, 41], np.float32)
+    sets = [np.resize(np.stack([QUIET[0], far]), (rows, 6)) for rows, _ in asks]
+    reported = []
+
+    async def drive():
+        asyncio.get_running_loop().set_exception_handler(lambda loop, context: reported.append(context["message"]))
+        async with AsyncClient(server.target) as client:
+            await client.world("quiet").query_aabb(QUIET)     # the stream is open, as in a game's loop
+            tasks = [asyncio.ensure_future(client.world("quiet").query_aabb(boxes)) for boxes in sets]
+            for turn in range(9):
+                for task, (_, cancel_at) in zip(tasks, asks):
+                    if cancel_at == turn:
+                        task.cancel()
+                await asyncio.sleep(0)
+            answers = await asyncio.gather(*tasks, return_exceptions=True)
+        gc.collect()
+        return answers
+
+    for answer, boxes, (_, cancel_at) in zip(asyncio.run(drive()), sets, asks):
+        if isinstance(answer, asyncio.CancelledError):
+            assert cancel_at is not None
+            continue
+        offsets, hits = quiet.query_aabb(boxes)
+        assert answer.offsets.tolist() == offsets.tolist() and answer.hits.tolist() == hits.tolist()
+    assert reported == []
+    assert [record.getMessage() for record in caplog.records if "StreamQueries" in record.getMessage()] == []
+
+
 def test_the_clients_timeout_bounds_each_set_and_the_stream_goes_on(server):
     with Client(server.target, timeout=0.2) as hurried:
         assert len(hurried.world("quiet").query_aabb([[5, 5, 5, 6, 6, 6]]).hits) == 1
