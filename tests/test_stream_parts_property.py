@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dbvt import reference
-from dbvt_client import AsyncClient, Client, InvalidArgument, TickMismatch
+from dbvt_client import AsyncClient, BatchResult, Client, InvalidArgument, TickMismatch
 from servers import ServerThread
 from worlds import assert_same_pairs
 
@@ -181,3 +181,33 @@ def test_a_caller_cancelled_while_its_batch_is_written_leaves_the_stream_in_step
     truth = reference.Broadphase(dims=3, margin=0.05)
     truth.create(np.arange(rows + 1, dtype=np.uint64), everything)
     assert_same_pairs(pairs, truth.pairs())
+
+
+def test_a_cancelled_apply_of_a_batch_in_parts_applies_all_of_it_or_none(small_server):
+    """`AsyncWorld.apply` sends a batch bigger than a message on a stream of its own. Cancelled at any
+    moment, it never leaves a part of it: once its first part is out it sends them all and the world
+    holds the whole batch at the next tick; cancelled before, the world holds nothing of it."""
+    rows = 3000
+    everything = boxes(np.random.default_rng(11), rows)
+    truth = reference.Broadphase(dims=3, margin=0.05)
+    truth.create(np.arange(rows, dtype=np.uint64), everything)
+
+    async def run(delay: float):
+        async with AsyncClient(small_server.target) as client:
+            world = await client.create_world(next(_names), dims=3)
+            applying = asyncio.ensure_future(world.apply(create=(np.arange(rows, dtype=np.uint64), everything)))
+            await asyncio.sleep(delay)
+            applying.cancel()
+            outcome = (await asyncio.gather(applying, return_exceptions=True))[0]
+            pairs, info = await world.pairs(), await world.info()
+            await client.delete_world(world.name)
+            return outcome, pairs, info
+
+    for delay in (0, 0.0005, 0.001, 0.002, 0.004):
+        outcome, pairs, info = asyncio.run(run(delay))
+        assert isinstance(outcome, (asyncio.CancelledError, BatchResult))
+        if info.tick == 0:
+            assert info.proxies == 0 and len(pairs) == 0
+        else:
+            assert (info.tick, info.proxies) == (1, rows)
+            assert_same_pairs(pairs, truth.pairs())
