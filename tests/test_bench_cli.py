@@ -153,3 +153,21 @@ def test_steps_compares_threads_with_one_and_checks_the_answers(capsys):
     for name in ("W1 at 3000", "W2 2-D at 2000", "W2 3-D at 2000"):
         assert f"{name}: step on 2 threads / on 1: median" in out
     assert "the same on both: OK" in out
+
+
+def test_calls_counts_a_ticks_python_by_thread_beside_the_bare_server(capsys):
+    code, out, _ = run_main(capsys, ["calls", "--n", "400", "--steps", "6"])
+    assert code == 0 and "over 3 W1 ticks streamed tick by tick (after 3)" in out
+    rows = {line[:32].strip(): line[32:].split() for line in out.splitlines()
+            if line.startswith(("the caller", "the client's", "the server's", "the world's", "all "))}
+    assert list(rows) == ["the caller", "the client's other threads", "the server's event loop", "the world's thread",
+                          "all"]
+    # Each role of each side makes calls every tick, and the service more than the bare server.
+    assert all(float(served) > 0 and float(bare) > 0 for served, bare, _ in rows.values())
+    assert float(rows["all"][0]) > float(rows["all"][1])
+    assert "pair counts after every step match the oracle's expected.json" in out
+
+
+def test_calls_needs_ticks_beyond_its_warm_up(capsys):
+    assert main(["calls", "--n", "400", "--steps", "3"]) == 2
+    assert "--steps must be more than the 3 ticks stepped before counting" in capsys.readouterr().err

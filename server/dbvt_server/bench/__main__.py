@@ -5,6 +5,7 @@
     dbvt-bench core [DIR] [--n N --steps S] [--repeat R] ...   the core, beside python-fcl
     dbvt-bench queries [--n N] [--repeat R] ...                nearest, casts and overlap, beside rtree
     dbvt-bench wire [DIR] [--target HOST:PORT] [--repeats R] ... the service over the wire
+    dbvt-bench calls [DIR] [--steps S]                         a streamed tick's Python calls, beside the bare server's
     dbvt-bench secured [DIR] [--repeats R] ...                 TLS and a token against plaintext
     dbvt-bench metrics [DIR] [--repeats R] ...                 metrics on against off
     dbvt-bench socket [DIR] [--repeats R] ...                  a Unix socket against loopback TCP
@@ -23,13 +24,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dbvt_server.bench import console, core, insert, paired, persist, queries, routing, sensors, steps, wire, workload
+from dbvt_server.bench import calls, console, core, insert, paired, persist, queries, routing, sensors, steps, wire, workload
 
 COMMANDS = {
     "workload": (workload, "make W1 or W2 data with its exact answers (expected.json)"),
     "core": (core, "the dbvt core on a W1 or W2 directory, python-fcl beside it on W1"),
     "queries": (queries, "query_nearest, cast_box, cast_sphere and overlap on W1, rtree's nearest beside them"),
     "wire": (wire, "W1 streamed through a dbvt-server, beside the in-process core"),
+    "calls": (calls, "the Python calls of a streamed W1 tick by thread, beside the bare gRPC server's"),
     "secured": (paired, "W1's streamed step and box queries with TLS and a token, against plaintext"),
     "metrics": (paired, "W1's streamed step and box queries with metrics on, against off"),
     "socket": (paired, "W1's streamed step and box queries over a Unix socket, against loopback TCP"),

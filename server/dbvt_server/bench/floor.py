@@ -89,10 +89,11 @@ class _Stepper:
         return offsets.astype("<i8").tobytes() + hits.astype("<u4").tobytes()
 
 
-async def _serve(workers: int) -> None:
-    """Serve until killed: Echo (the busy wait), Steps (each stream its own world, made by its first
-    message), and for the two busy worlds Create and Query (worlds by a one-byte index)."""
-    pool = ThreadPoolExecutor(max_workers=workers)
+async def started_bare_server(workers: int, thread_name_prefix: str = "") -> tuple[grpc.aio.Server, int]:
+    """The bare server, started on this event loop: Echo (the busy wait), Steps (each stream its own
+    world, made by its first message), and for the two busy worlds Create and Query (worlds by a
+    one-byte index); and its port on 127.0.0.1."""
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=thread_name_prefix)
     worlds: dict[int, _Stepper] = {}
 
     async def echo(requests, context):
@@ -123,6 +124,12 @@ async def _serve(workers: int) -> None:
     server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("dbvt_bench.Floor", handlers)])
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
+    return server, port
+
+
+async def _serve(workers: int) -> None:
+    """Serve until killed, the port printed first."""
+    server, port = await started_bare_server(workers)
     print(port, flush=True)
     await server.wait_for_termination()
 
