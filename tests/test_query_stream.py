@@ -317,6 +317,45 @@ def test_tasks_cancelled_at_any_point_leave_the_others_answers_exact(server, cap
     assert [record.getMessage() for record in caplog.records if "StreamQueries" in record.getMessage()] == []
 
 
+def test_a_client_closed_while_threads_ask_ends_every_ask(server):
+    """Closing a client while other threads ask on its query stream: each ask is answered or raises
+    Unavailable at once, none waits for ever, and no set opens a new stream on the closed channel."""
+    client = Client(server.target)
+    outcomes: queue.SimpleQueue = queue.SimpleQueue()
+
+    def ask_until_closed():
+        try:
+            while True:
+                client.world("quiet").query_aabb(QUIET)
+        except Unavailable as error:
+            outcomes.put(str(error))
+        except Exception as error:      # anything else is a failure of the test, reported below
+            outcomes.put(repr(error))
+
+    askers = [threading.Thread(target=ask_until_closed) for _ in range(4)]
+    for asker in askers:
+        asker.start()
+    time.sleep(0.1)
+    client.close()
+    for asker in askers:
+        asker.join(10)
+    assert not any(asker.is_alive() for asker in askers), "an ask still waits after the client closed"
+    assert [outcomes.get() for _ in askers] == ["the client is closed: its query stream takes no more sets"] * 4
+    with pytest.raises(Unavailable, match="the client is closed"):
+        client.world("quiet").query_aabb(QUIET)
+
+
+def test_an_async_client_closed_asks_no_more(server):
+    async def drive():
+        client = AsyncClient(server.target)
+        assert len((await client.world("quiet").query_aabb(QUIET)).hits) == 1
+        await client.close()
+        with pytest.raises(Unavailable, match="the client is closed"):
+            await client.world("quiet").query_aabb(QUIET)
+
+    asyncio.run(drive())
+
+
 def test_the_clients_timeout_bounds_each_set_and_the_stream_goes_on(server):
     with Client(server.target, timeout=0.2) as hurried:
         assert len(hurried.world("quiet").query_aabb([[5, 5, 5, 6, 6, 6]]).hits) == 1

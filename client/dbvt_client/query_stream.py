@@ -152,6 +152,10 @@ def _ask_again(error: DbvtError) -> bool:
     return type(error) is Unavailable
 
 
+def _client_closed() -> Unavailable:
+    return Unavailable("the client is closed: its query stream takes no more sets")
+
+
 def _timed_out(timeout: float | None) -> DeadlineExceeded:
     return DeadlineExceeded(f"no answer to the query set within the client's timeout of {timeout} s")
 
@@ -168,6 +172,8 @@ class QueryStream:
         self._requests: queue.SimpleQueue | None = None
         self._waiting: _Waiting | None = None
         self._reader: threading.Thread | None = None
+        # Set by close(): a set asked after it (or asked again after it) opens no stream.
+        self._closed = False
 
     def ask(self, method: str, requests: list):
         """The answer to a query set, or the error it was refused with."""
@@ -188,6 +194,8 @@ class QueryStream:
 
     def _send(self, method: str, requests: list, timeout: float | None, future: Future) -> tuple[_Waiting, int]:
         with self._lock:
+            if self._closed:
+                raise _client_closed()
             sequence, answer = next(self._sequence), _Answer(method, future)
             if self._requests is None or not self._waiting.add(sequence, answer):
                 self._open(sequence, answer)
@@ -199,22 +207,24 @@ class QueryStream:
     def _open(self, sequence: int, answer: _Answer) -> None:
         """A new stream, waiting for set `sequence` before its reader starts (which may find the stream
         ended at once)."""
-        self._requests, self._waiting = queue.SimpleQueue(), _Waiting()
-        self._waiting.add(sequence, answer)
-        responses = self._method(iter(self._requests.get, _END), metadata=self._metadata)
-        self._reader = threading.Thread(target=_read, args=(responses, self._waiting), daemon=True,
-                                        name="dbvt-query-stream")
+        requests, waiting = queue.SimpleQueue(), _Waiting()
+        waiting.add(sequence, answer)
+        # Made first: should the call fail, the stream before is left as it was.
+        responses = self._method(iter(requests.get, _END), metadata=self._metadata)
+        self._requests, self._waiting = requests, waiting
+        self._reader = threading.Thread(target=_read, args=(responses, waiting), daemon=True, name="dbvt-query-stream")
         self._reader.start()
 
     def close(self) -> None:
         """End the stream: the server answers what it has and ends it with OK (a stream cut off by the
         channel's closing would count as CANCELLED in the server's metrics)."""
         with self._lock:
+            self._closed = True
             if self._requests is None:
                 return
             self._requests.put(_END)
-            self._requests = None
-        self._reader.join(CLOSE_SECONDS)
+            self._requests, reader = None, self._reader
+        reader.join(CLOSE_SECONDS)
 
 
 def _read(responses, waiting: _Waiting) -> None:
@@ -243,6 +253,7 @@ class AsyncQueryStream:
         # asyncio.wait_for) leaves its set going out whole, as gRPC ends the call, and every set on it,
         # when a write is cancelled.
         self._writing: asyncio.Task | None = None
+        self._closed = False
 
     async def ask(self, method: str, requests: list):
         deadline = None if self._timeout is None else time.monotonic() + self._timeout
@@ -269,6 +280,8 @@ class AsyncQueryStream:
     def _send(self, method: str, requests: list, timeout: float | None, future):
         """The set registered on the open stream (opened if need be) and its writer started: the call,
         its waiting sets, the set's sequence, and its writer."""
+        if self._closed:
+            raise _client_closed()
         sequence, answer = next(self._sequence), _Answer(method, future)
         messages = set_requests(sequence, method, requests, timeout)
         if self._call is None or not self._waiting.add(sequence, answer):
@@ -280,6 +293,7 @@ class AsyncQueryStream:
 
     async def close(self) -> None:
         """See `QueryStream.close`."""
+        self._closed = True
         if self._call is None:
             return
         call, reading, writing, self._call = self._call, self._reading, self._writing, None
@@ -328,7 +342,7 @@ async def _read_async(call, waiting: _Waiting) -> None:
             raise
         # This client cancelled the call: a set's write was held back past its timeout, or close()
         # found the server not ending the stream.
-        failure = Unavailable("the query stream was cut off: the server read nothing in time")
+        failure = Unavailable("the query stream was cut off: the server did not read it, or end it, in time")
     except Exception as error:
         failure = error
     finally:
