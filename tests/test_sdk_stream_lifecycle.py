@@ -134,3 +134,37 @@ def test_scalar_radius_serves_every_center(server):
         world.apply(create=([1, 2], BOXES))
         assert world.query_sphere(np.zeros((3, 3)), 0.1).offsets.tolist() == [0, 1, 2, 3]
         client.delete_world("radius")
+
+
+CLOSED = "the client is closed"
+
+
+def test_every_call_of_a_closed_client_says_it_is_closed(server):
+    """Not gRPC's ValueError about its channel, which would read as a bad argument."""
+    client = Client(server.target)
+    world = client.create_world("closed-sync")
+    client.close()
+    calls = [client.list_worlds, world.info, lambda: world.apply(create=([1], BOXES[:1])),
+             lambda: world.query_aabb(BOXES), lambda: world.stream().apply(move=([1], BOXES[:1])),
+             lambda: next(iter(world.watch()))]
+    for call in calls:
+        with pytest.raises(Unavailable, match=CLOSED):
+            call()
+    with Client(server.target) as other:
+        other.delete_world("closed-sync")
+
+
+def test_every_call_of_a_closed_async_client_says_it_is_closed(server):
+    async def drive():
+        client = AsyncClient(server.target)
+        world = await client.create_world("closed-async")
+        await client.close()
+        calls = [client.list_worlds, world.info, lambda: world.apply(create=([1], BOXES[:1])),
+                 lambda: world.query_aabb(BOXES), world.stream().__aenter__, world.watch]
+        for call in calls:
+            with pytest.raises(Unavailable, match=CLOSED):
+                await call()
+        async with AsyncClient(server.target) as other:
+            await other.delete_world("closed-async")
+
+    asyncio.run(drive())

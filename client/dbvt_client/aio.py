@@ -11,7 +11,7 @@ from dbvt_client import batches, parts, queries, routing, transfer, watching
 from dbvt_client.client import (DEFAULT_MAX_PROXIES_PER_WORLD, DEFAULT_MAX_WORLDS, create_request, server_dict,
                                 stats_dict, world_info)
 from dbvt_client.errors import DbvtError, Unavailable, WrongServer, from_exception, from_rpc_error, from_stream_status
-from dbvt_client.query_stream import QUERY_FIELDS, AsyncQueryStream
+from dbvt_client.query_stream import QUERY_FIELDS, AsyncQueryStream, client_closed
 from dbvt_client.results import BatchResult, Crossings, Hits, NearestHits, RayHits, Snapshot, WorldInfo
 from dbvt_client.transport import ANSWERED_IN_PARTS, Connection, batch_streams, local_transport
 from dbvt_proto.v1 import broadphase_pb2 as pb
@@ -53,10 +53,17 @@ class _AsyncGrpcTransport:
         self._timeout = connection.timeout
         self._metadata = connection.metadata
         self._query_stream = AsyncQueryStream(self._channel, self._metadata, self._timeout)
+        self._closed = False
+
+    def _stub_if_open(self) -> pb_grpc.BroadphaseServiceStub:
+        # grpc.aio's own refusal on a closed channel is a UsageError, which no error class maps.
+        if self._closed:
+            raise client_closed()
+        return self._stub
 
     async def unary(self, method: str, request):
         try:
-            call = getattr(self._stub, method)(request, timeout=self._timeout, metadata=self._metadata)
+            call = getattr(self._stub_if_open(), method)(request, timeout=self._timeout, metadata=self._metadata)
             return parts.joined([part async for part in call]) if method in ANSWERED_IN_PARTS else await call
         except grpc.RpcError as error:
             raise from_rpc_error(error) from None
@@ -70,19 +77,22 @@ class _AsyncGrpcTransport:
     async def upload(self, method: str, requests: list):
         """A client-streaming call: its parts sent, its one answer."""
         try:
-            return await getattr(self._stub, method)(iter(requests), timeout=self._timeout, metadata=self._metadata)
+            return await getattr(self._stub_if_open(), method)(iter(requests), timeout=self._timeout,
+                                                               metadata=self._metadata)
         except grpc.RpcError as error:
             raise from_rpc_error(error) from None
 
     async def watch(self, request: pb.WatchSensorsRequest):
-        call = self._stub.WatchSensors(request, metadata=self._metadata)
+        call = self._stub_if_open().WatchSensors(request, metadata=self._metadata)
         return call, call.cancel
 
     def open_stream(self, world: str) -> _GrpcStream:
         """A batch stream of `world` (a routed client picks the server by it)."""
+        self._stub_if_open()
         return _GrpcStream(self._stream_batches, self._metadata)
 
     async def close(self) -> None:
+        self._closed = True
         await self._query_stream.close()
         await self._channel.close()
 

@@ -152,8 +152,9 @@ def _ask_again(error: DbvtError) -> bool:
     return type(error) is Unavailable
 
 
-def _client_closed() -> Unavailable:
-    return Unavailable("the client is closed: its query stream takes no more sets")
+def client_closed() -> Unavailable:
+    """What every call of a closed client raises."""
+    return Unavailable("the client is closed")
 
 
 def _timed_out(timeout: float | None) -> DeadlineExceeded:
@@ -195,7 +196,7 @@ class QueryStream:
     def _send(self, method: str, requests: list, timeout: float | None, future: Future) -> tuple[_Waiting, int]:
         with self._lock:
             if self._closed:
-                raise _client_closed()
+                raise client_closed()
             sequence, answer = next(self._sequence), _Answer(method, future)
             if self._requests is None or not self._waiting.add(sequence, answer):
                 self._open(sequence, answer)
@@ -281,7 +282,7 @@ class AsyncQueryStream:
         """The set registered on the open stream (opened if need be) and its writer started: the call,
         its waiting sets, the set's sequence, and its writer."""
         if self._closed:
-            raise _client_closed()
+            raise client_closed()
         sequence, answer = next(self._sequence), _Answer(method, future)
         messages = set_requests(sequence, method, requests, timeout)
         if self._call is None or not self._waiting.add(sequence, answer):

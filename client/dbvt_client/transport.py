@@ -11,7 +11,7 @@ import grpc
 
 from dbvt_client import parts
 from dbvt_client.errors import from_rpc_error, from_stream_status
-from dbvt_client.query_stream import QUERY_FIELDS, QueryStream
+from dbvt_client.query_stream import QUERY_FIELDS, QueryStream, client_closed
 from dbvt_client.security import call_metadata, open_channel, tls_settings
 from dbvt_client.serialized import passing_bytes
 from dbvt_proto.v1 import broadphase_pb2 as pb
@@ -86,10 +86,17 @@ class GrpcTransport:
         self._timeout = connection.timeout
         self._metadata = connection.metadata
         self._query_stream = QueryStream(self._channel, self._metadata, self._timeout)
+        self._closed = False
+
+    def _stub_if_open(self) -> pb_grpc.BroadphaseServiceStub:
+        # gRPC's own refusal on a closed channel is a ValueError, which would read as a bad argument.
+        if self._closed:
+            raise client_closed()
+        return self._stub
 
     def unary(self, method: str, request):
         try:
-            answer = getattr(self._stub, method)(request, timeout=self._timeout, metadata=self._metadata)
+            answer = getattr(self._stub_if_open(), method)(request, timeout=self._timeout, metadata=self._metadata)
             return parts.joined(list(answer)) if method in ANSWERED_IN_PARTS else answer
         except grpc.RpcError as error:
             raise from_rpc_error(error) from None
@@ -103,23 +110,26 @@ class GrpcTransport:
     def upload(self, method: str, requests: list):
         """A client-streaming call: its parts sent, its one answer."""
         try:
-            return getattr(self._stub, method)(iter(requests), timeout=self._timeout, metadata=self._metadata)
+            return getattr(self._stub_if_open(), method)(iter(requests), timeout=self._timeout,
+                                                         metadata=self._metadata)
         except grpc.RpcError as error:
             raise from_rpc_error(error) from None
 
     def watch(self, request: pb.WatchSensorsRequest):
         """The world's sensor feed (an iterator of messages), and what stops it."""
-        call = self._stub.WatchSensors(request, metadata=self._metadata)
+        call = self._stub_if_open().WatchSensors(request, metadata=self._metadata)
         return call, call.cancel
 
     def stream(self, requests: Iterable[bytes], world: str) -> Iterator[pb.StreamBatchesResponse]:
         """A batch stream of `world` (a routed client picks the server by it)."""
+        self._stub_if_open()
         try:
             yield from self._stream_batches(iter(requests), metadata=self._metadata)
         except grpc.RpcError as error:
             raise from_stream_status(error.code(), error.details()) from None
 
     def close(self) -> None:
+        self._closed = True
         self._query_stream.close()
         self._channel.close()
 
