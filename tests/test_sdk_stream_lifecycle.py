@@ -11,6 +11,7 @@ import pytest
 
 from dbvt_client import AsyncClient, Client, DbvtError, InvalidArgument, Unavailable
 from dbvt_proto.v1 import broadphase_pb2 as pb
+from servers import async_client
 
 GUARD = 20  # seconds: a regression fails here instead of hanging the suite
 BOXES = np.array([[0, 0, 0, 1, 1, 1], [0.5, 0.5, 0.5, 2, 2, 2]], np.float32)
@@ -139,10 +140,12 @@ def test_scalar_radius_serves_every_center(server):
 CLOSED = "the client is closed"
 
 
-def test_every_call_of_a_closed_client_says_it_is_closed(server):
-    """Not gRPC's ValueError about its channel, which would read as a bad argument."""
-    client = Client(server.target)
-    world = client.create_world("closed-sync")
+@pytest.mark.parametrize("mode", ["grpc", "local"])
+def test_every_call_of_a_closed_client_says_it_is_closed(server, mode):
+    """Not gRPC's ValueError about its channel, which would read as a bad argument; and Client.local()
+    as a remote client."""
+    client = Client(server.target) if mode == "grpc" else Client.local()
+    world = client.create_world(f"closed-sync-{mode}")
     client.close()
     calls = [client.list_worlds, world.info, lambda: world.apply(create=([1], BOXES[:1])),
              lambda: world.query_aabb(BOXES), lambda: world.stream().apply(move=([1], BOXES[:1])),
@@ -151,13 +154,15 @@ def test_every_call_of_a_closed_client_says_it_is_closed(server):
         with pytest.raises(Unavailable, match=CLOSED):
             call()
     with Client(server.target) as other:
-        other.delete_world("closed-sync")
+        if world.name in other.list_worlds():
+            other.delete_world(world.name)
 
 
-def test_every_call_of_a_closed_async_client_says_it_is_closed(server):
+@pytest.mark.parametrize("mode", ["grpc", "local"])
+def test_every_call_of_a_closed_async_client_says_it_is_closed(server, mode):
     async def drive():
-        client = AsyncClient(server.target)
-        world = await client.create_world("closed-async")
+        client = async_client(mode, server)
+        world = await client.create_world(f"closed-async-{mode}")
         await client.close()
         calls = [client.list_worlds, world.info, lambda: world.apply(create=([1], BOXES[:1])),
                  lambda: world.query_aabb(BOXES), world.stream().__aenter__, world.watch]
@@ -165,6 +170,7 @@ def test_every_call_of_a_closed_async_client_says_it_is_closed(server):
             with pytest.raises(Unavailable, match=CLOSED):
                 await call()
         async with AsyncClient(server.target) as other:
-            await other.delete_world("closed-async")
+            if world.name in await other.list_worlds():
+                await other.delete_world(world.name)
 
     asyncio.run(drive())

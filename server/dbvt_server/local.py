@@ -12,6 +12,7 @@ from typing import Callable, Iterable, Iterator
 
 from dbvt_client import parts
 from dbvt_client.errors import from_exception
+from dbvt_client.query_stream import client_closed
 from dbvt_proto.v1 import broadphase_pb2 as pb
 from dbvt_server.service import Limits, Service
 from dbvt_server.staging import BatchStaging, stream_error, unfinished_error
@@ -30,8 +31,15 @@ class LocalTransport:
     def __init__(self, max_worlds: int, max_proxies_per_world: int):
         self.service = Service(Limits(max_worlds, max_proxies_per_world, UNLIMITED_MESSAGE_BYTES))
         self._lock = threading.Lock()
+        self.closed = False
+
+    def refuse_if_closed(self) -> None:
+        """As a closed channel's client does: the same code behaves the same on both."""
+        if self.closed:
+            raise client_closed()
 
     def unary(self, method: str, request):
+        self.refuse_if_closed()
         with self._lock:
             try:
                 return self.service.call(method, request)
@@ -48,6 +56,7 @@ class LocalTransport:
 
     def upload(self, method: str, requests: list):
         """A client-streaming call (ImportWorld) whose parts are all here."""
+        self.refuse_if_closed()
         with self._lock:
             try:
                 return self.service.import_world(requests)
@@ -56,6 +65,7 @@ class LocalTransport:
 
     def watch(self, request: pb.WatchSensorsRequest) -> tuple[Iterator[pb.WatchSensorsResponse], Callable[[], None]]:
         """A world's sensor feed, as the server sends it, and what stops it."""
+        self.refuse_if_closed()
         woken, stopped = threading.Event(), threading.Event()
         with self._lock:
             try:
@@ -89,6 +99,7 @@ class LocalTransport:
         return feed(), stop
 
     def stream(self, requests: Iterable, world: str) -> Iterator[pb.StreamBatchesResponse]:
+        self.refuse_if_closed()
         staging = self.staging()
         try:
             for request in requests:
@@ -128,7 +139,8 @@ class LocalTransport:
         return stream_error(unfinished[1], unfinished_error(unfinished))
 
     def close(self) -> None:
-        """Nothing to release: the worlds go with the client."""
+        """Nothing to release: the worlds go with the client, and every call after this is refused."""
+        self.closed = True
 
 
 class _LocalStream:
@@ -180,7 +192,9 @@ class AsyncLocalTransport:
         return messages(), stop
 
     def open_stream(self, world: str) -> _LocalStream:
+        self._local.refuse_if_closed()
         return _LocalStream(self._local)
 
     async def close(self) -> None:
-        """Nothing to release: the worlds go with the client."""
+        """See `LocalTransport.close`."""
+        self._local.close()
