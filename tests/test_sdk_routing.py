@@ -12,7 +12,7 @@ import grpc
 import numpy as np
 import pytest
 
-from dbvt_client import AsyncClient, Client, InvalidArgument
+from dbvt_client import AsyncClient, Client, InvalidArgument, Unavailable
 from dbvt_client.routing import owner
 from dbvt_proto.v1 import broadphase_pb2 as pb
 from dbvt_proto.v1 import broadphase_pb2_grpc as pb_grpc
@@ -164,3 +164,34 @@ def test_the_async_client_routes_and_follows_too(replica_set):
 
     listed, ticks, names = asyncio.run(run())
     assert listed == names and ticks == [1] * len(names)
+
+
+def test_a_closed_routed_client_opens_no_channel_to_a_server_it_had_not_reached(three):
+    """Its transports are made as its calls first reach each server: after close(), a call for a world
+    of a server not reached yet is refused as every call of a closed client is, not answered on a
+    channel nobody would close."""
+    targets = [server.target for server in three]
+    name = next(f"late-{i}" for i in range(1000) if owner(f"late-{i}", targets) == targets[2])
+    with Client(targets[2]) as direct:
+        direct.create_world(name)
+    try:
+        routed = Client(targets)
+        assert routed.world(name).info().proxies == 0      # reaches its owner, and the ring's first server
+        routed.close()
+        with pytest.raises(Unavailable, match="the client is closed"):
+            routed.world(name).info()
+        unreached = next(f"never-{i}" for i in range(1000) if owner(f"never-{i}", targets) == targets[1])
+        with pytest.raises(Unavailable, match="the client is closed"):
+            routed.world(unreached).info()
+
+        async def closed_async():
+            client = AsyncClient(targets)
+            await client.world(name).info()
+            await client.close()
+            with pytest.raises(Unavailable, match="the client is closed"):
+                await client.world(unreached).info()
+
+        asyncio.run(closed_async())
+    finally:
+        with Client(targets[2]) as direct:
+            direct.delete_world(name)

@@ -12,6 +12,7 @@ import asyncio
 import time
 
 from dbvt_client.errors import InvalidArgument, Moving, WrongServer
+from dbvt_client.query_stream import client_closed
 
 # Retrying a call on a moving world: the first wait, the longest, and when to give up and raise Moving.
 MOVE_RETRY_FIRST = 0.02
@@ -42,6 +43,7 @@ class _Redirects:
         self._make = make_transport
         self._elsewhere: dict = {}
         self._owners: dict[str, str] = {}
+        self._closed = False
 
     def _at(self, world: str | None):
         found = self._owners.get(world) if world is not None else None
@@ -49,6 +51,9 @@ class _Redirects:
 
     def _learn(self, world: str, moved: WrongServer):
         if moved.owner not in self._elsewhere:
+            if self._closed:
+                # A redirect heard by a call in flight as the client closed: no new channel now.
+                raise client_closed()
             self._elsewhere[moved.owner] = self._make(moved.owner)
         self._owners[world] = moved.owner
         return self._elsewhere[moved.owner]
@@ -106,6 +111,7 @@ class FollowingTransport(_Redirects):
         return self._at(world_of(request)).watch(request)
 
     def close(self) -> None:
+        self._closed = True
         for transport in self._transports():
             transport.close()
 
@@ -143,5 +149,6 @@ class AsyncFollowingTransport(_Redirects):
         return await self._at(world_of(request)).watch(request)
 
     async def close(self) -> None:
+        self._closed = True
         for transport in self._transports():
             await transport.close()

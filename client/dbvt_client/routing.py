@@ -16,6 +16,7 @@ import time
 
 from dbvt_client.errors import InvalidArgument, Unavailable
 from dbvt_client.following import AsyncFollowingTransport, FollowingTransport, world_of
+from dbvt_client.query_stream import client_closed
 from dbvt_proto.v1 import broadphase_pb2 as pb
 
 # How often a dns:/// target is looked up again.
@@ -107,9 +108,13 @@ class RoutedTransport:
         self.ring = Ring(targets)
         self._make = make_transport
         self._transports: dict[str, FollowingTransport] = {}
+        self._closed = False
 
     def _transport(self, target: str) -> FollowingTransport:
         if target not in self._transports:
+            if self._closed:
+                # A server first reached after close() would get a channel nobody closes.
+                raise client_closed()
             self._transports[target] = FollowingTransport(target, self._make)
         return self._transports[target]
 
@@ -172,6 +177,7 @@ class RoutedTransport:
         return self._transport(self.ring.owner(world_of(request))).watch(request)
 
     def close(self) -> None:
+        self._closed = True
         for transport in self._transports.values():
             transport.close()
 
@@ -183,9 +189,13 @@ class AsyncRoutedTransport:
         self.ring = Ring(targets)
         self._make = make_transport
         self._transports: dict[str, AsyncFollowingTransport] = {}
+        self._closed = False
 
     def _transport(self, target: str) -> AsyncFollowingTransport:
         if target not in self._transports:
+            if self._closed:
+                # A server first reached after close() would get a channel nobody closes.
+                raise client_closed()
             self._transports[target] = AsyncFollowingTransport(target, self._make)
         return self._transports[target]
 
@@ -248,6 +258,7 @@ class AsyncRoutedTransport:
         return await self._transport(self.ring.owner(world_of(request))).watch(request)
 
     async def close(self) -> None:
+        self._closed = True
         for transport in self._transports.values():
             await transport.close()
 
