@@ -3,13 +3,16 @@ safe at any time; a closed stream says so."""
 from __future__ import annotations
 
 import asyncio
+import queue
+import threading
+import time
 from concurrent import futures
 
 import grpc
 import numpy as np
 import pytest
 
-from dbvt_client import AsyncClient, Client, DbvtError, InvalidArgument, Unavailable
+from dbvt_client import AsyncClient, Client, Create, DbvtError, InvalidArgument, Unavailable
 from dbvt_proto.v1 import broadphase_pb2 as pb
 from servers import async_client
 
@@ -174,3 +177,56 @@ def test_every_call_of_a_closed_async_client_says_it_is_closed(server, mode):
                 await other.delete_world(world.name)
 
     asyncio.run(drive())
+
+
+@pytest.mark.parametrize("mode", ["grpc", "local"])
+def test_closing_a_client_ends_its_sensor_feeds_saying_so(server, mode):
+    """A feed read on another thread (or task) when its client closes: it raises what every call of
+    a closed client does, at once, where it had raised Cancelled, CancelledError into a task nobody
+    cancelled, or (in process) gone on for ever."""
+    sensor = Create([1], BOXES[:1], sensor="box")
+    client = Client(server.target) if mode == "grpc" else Client.local()
+    world = client.create_world(f"fed-sync-{mode}")
+    world.apply(create=sensor)
+    feed = world.watch()
+    next(feed)                                           # the resync: the feed is open
+    ended: queue.SimpleQueue = queue.SimpleQueue()
+
+    def read():
+        try:
+            for _ in feed:
+                pass
+            ended.put("the feed ended without an error")
+        except Exception as error:
+            ended.put(error)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    time.sleep(0.05)
+    client.close()
+    reader.join(GUARD)
+    assert not reader.is_alive(), "the feed went on after its client closed"
+    error = ended.get_nowait()
+    assert isinstance(error, Unavailable) and str(error) == CLOSED, error
+
+    async def drive():
+        client = async_client(mode, server)
+        world = await client.create_world(f"fed-async-{mode}")
+        await world.apply(create=sensor)
+        feed = await world.watch()
+        await feed.__anext__()
+
+        async def read():
+            async for _ in feed:
+                pass
+
+        reading = asyncio.ensure_future(read())
+        await asyncio.sleep(0.05)
+        await client.close()
+        with pytest.raises(Unavailable, match=CLOSED):
+            await asyncio.wait_for(reading, GUARD)
+
+    asyncio.run(drive())
+    with Client(server.target) as other:
+        for name in set(other.list_worlds()) & {f"fed-sync-{mode}", f"fed-async-{mode}"}:
+            other.delete_world(name)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import itertools
+import weakref
 
 import grpc
 
@@ -111,6 +112,8 @@ class AsyncClient:
                                                asynchronous=True)
         self._transport = _transport
         self._max_message_bytes: int | None = None
+        # Sensor feeds still open, which close() ends.
+        self._watches: weakref.WeakSet[watching.AsyncSensorWatch] = weakref.WeakSet()
 
     @classmethod
     def local(cls, *, max_worlds: int = DEFAULT_MAX_WORLDS,
@@ -124,6 +127,8 @@ class AsyncClient:
         await self.close()
 
     async def close(self) -> None:
+        for watch in list(self._watches):
+            watch.cut()
         await self._transport.close()
 
     async def server_info(self) -> dict:
@@ -237,7 +242,9 @@ class AsyncWorld:
     async def watch(self, sensors=None, from_tick: int | None = None) -> watching.AsyncSensorWatch:
         """See `World.watch`: `async with await world.watch() as feed: async for events in feed: ...`"""
         request = watching.watch_request(self.name, sensors, from_tick)
-        return watching.AsyncSensorWatch(*await self._client._transport.watch(request))
+        watch = watching.AsyncSensorWatch(*await self._client._transport.watch(request))
+        self._client._watches.add(watch)
+        return watch
 
     async def stats(self) -> dict:
         return stats_dict(await self._client._transport.unary("GetWorldStats", pb.GetWorldStatsRequest(world=self.name)))

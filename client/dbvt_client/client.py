@@ -6,6 +6,7 @@ import dataclasses
 import itertools
 import queue
 import threading
+import weakref
 from concurrent.futures import Future
 
 import numpy as np
@@ -91,6 +92,8 @@ class Client:
                                                asynchronous=False)
         self._transport = _transport
         self._max_message_bytes: int | None = None
+        # Sensor feeds still open, which close() ends.
+        self._watches: weakref.WeakSet[watching.SensorWatch] = weakref.WeakSet()
 
     @classmethod
     def local(cls, *, max_worlds: int = DEFAULT_MAX_WORLDS,
@@ -105,6 +108,8 @@ class Client:
         self.close()
 
     def close(self) -> None:
+        for watch in list(self._watches):
+            watch.cut()
         self._transport.close()
 
     def server_info(self) -> dict:
@@ -258,7 +263,9 @@ class World:
         a heartbeat at least once a second. `from_tick=t` replays the ticks after t while the world
         still holds them. Fold them with `dbvt_client.SensorSet`."""
         request = watching.watch_request(self.name, sensors, from_tick)
-        return watching.SensorWatch(*self._client._transport.watch(request))
+        watch = watching.SensorWatch(*self._client._transport.watch(request))
+        self._client._watches.add(watch)
+        return watch
 
     def stats(self) -> dict:
         return stats_dict(self._client._transport.unary("GetWorldStats", pb.GetWorldStatsRequest(world=self.name)))

@@ -15,6 +15,7 @@ import numpy as np
 
 from dbvt_client import parts, wire
 from dbvt_client.errors import InvalidArgument, from_rpc_error
+from dbvt_client.query_stream import client_closed
 from dbvt_client.results import SensorEvents
 from dbvt_proto.v1 import broadphase_pb2 as pb
 
@@ -61,6 +62,8 @@ class SensorWatch:
         self._stop = stop
         self._joiner = _Joiner()
         self._closed = False
+        # Set when its client closed under it: the feed then raises what every call of a closed client does.
+        self._cut = False
 
     def __iter__(self) -> "SensorWatch":
         return self
@@ -74,7 +77,11 @@ class SensorWatch:
         except grpc.RpcError as error:
             if self._closed:
                 raise StopIteration from None
+            if self._cut:
+                raise client_closed() from None
             raise from_rpc_error(error) from None
+        if self._cut and not self._closed:
+            raise client_closed()
         raise StopIteration
 
     def __enter__(self) -> "SensorWatch":
@@ -87,6 +94,11 @@ class SensorWatch:
         self._closed = True
         self._stop()
 
+    def cut(self) -> None:
+        """Its client is closing: the feed stops, and says why."""
+        self._cut = True
+        self._stop()
+
 
 class AsyncSensorWatch:
     """`async with world.watch() as feed: async for events in feed: ...`"""
@@ -96,6 +108,7 @@ class AsyncSensorWatch:
         self._stop = stop
         self._joiner = _Joiner()
         self._closed = False
+        self._cut = False
 
     def __aiter__(self) -> "AsyncSensorWatch":
         return self
@@ -109,9 +122,14 @@ class AsyncSensorWatch:
         except (grpc.RpcError, asyncio.CancelledError) as error:
             if self._closed:
                 raise StopAsyncIteration from None
+            if self._cut:
+                # grpc.aio ends a cancelled call's reader with CancelledError, as if the task had been.
+                raise client_closed() from None
             if isinstance(error, asyncio.CancelledError):
                 raise
             raise from_rpc_error(error) from None
+        if self._cut and not self._closed:
+            raise client_closed()
         raise StopAsyncIteration
 
     async def __aenter__(self) -> "AsyncSensorWatch":
@@ -122,6 +140,11 @@ class AsyncSensorWatch:
 
     def close(self) -> None:
         self._closed = True
+        self._stop()
+
+    def cut(self) -> None:
+        """See `SensorWatch.cut`."""
+        self._cut = True
         self._stop()
 
 
