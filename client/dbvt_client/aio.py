@@ -112,8 +112,8 @@ class AsyncClient:
                                                asynchronous=True)
         self._transport = _transport
         self._max_message_bytes: int | None = None
-        # Sensor feeds still open, which close() ends.
-        self._watches: weakref.WeakSet[watching.AsyncSensorWatch] = weakref.WeakSet()
+        # Sensor feeds and batch streams still open, which close() cuts: each then says why it ended.
+        self._cut_on_close: weakref.WeakSet = weakref.WeakSet()
 
     @classmethod
     def local(cls, *, max_worlds: int = DEFAULT_MAX_WORLDS,
@@ -127,8 +127,8 @@ class AsyncClient:
         await self.close()
 
     async def close(self) -> None:
-        for watch in list(self._watches):
-            watch.cut()
+        for opened in list(self._cut_on_close):
+            opened.cut()
         await self._transport.close()
 
     async def server_info(self) -> dict:
@@ -197,7 +197,9 @@ class AsyncWorld:
             return await stream._apply_parts(parts)
 
     def stream(self) -> "AsyncBatchStream":
-        return AsyncBatchStream(self)
+        stream = AsyncBatchStream(self)
+        self._client._cut_on_close.add(stream)
+        return stream
 
     async def query_aabb(self, boxes, mask=None, include_sensors: bool = False) -> Hits:
         limit = await self._client.max_message_bytes()
@@ -243,7 +245,7 @@ class AsyncWorld:
         """See `World.watch`: `async with await world.watch() as feed: async for events in feed: ...`"""
         request = watching.watch_request(self.name, sensors, from_tick)
         watch = watching.AsyncSensorWatch(*await self._client._transport.watch(request))
-        self._client._watches.add(watch)
+        self._client._cut_on_close.add(watch)
         return watch
 
     async def stats(self) -> dict:
@@ -291,6 +293,7 @@ class AsyncBatchStream:
         # so a batch's parts go out together and in the order the futures wait for their answers:
         # tasks sharing the stream would otherwise write at once, which gRPC refuses by ending the call.
         self._writing: asyncio.Future | None = None
+        self._cut = False
 
     async def __aenter__(self) -> "AsyncBatchStream":
         # Asked first (every batch needs it): a client routing by DNS also learns its servers by it.
@@ -339,6 +342,10 @@ class AsyncBatchStream:
         for request in requests:
             await self._call.write(request)
 
+    def cut(self) -> None:
+        """See `BatchStream.cut`."""
+        self._cut = True
+
     async def close(self) -> None:
         if self._call is not None and not self._closed:
             # Batches submitted before go out whole first; later submits are refused.
@@ -366,6 +373,8 @@ class AsyncBatchStream:
             failure = Unavailable("the batch stream was cut off: its client was closed")
         except Exception as exc:
             failure = from_exception(exc)
+        if self._cut:
+            failure = client_closed()
         self._failure = failure
         while self._pending:
             future = self._pending.popleft()

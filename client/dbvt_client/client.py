@@ -14,6 +14,7 @@ import numpy as np
 from dbvt_client import batches, parts, queries, routing, transfer, watching
 from dbvt_client.errors import DbvtError, InvalidArgument, Unavailable, WrongServer, from_exception
 from dbvt_client.results import BatchResult, Crossings, Hits, NearestHits, RayHits, Snapshot, WorldInfo
+from dbvt_client.query_stream import client_closed
 from dbvt_client.transport import Connection, GrpcTransport, local_transport
 from dbvt_proto.v1 import broadphase_pb2 as pb
 
@@ -92,8 +93,8 @@ class Client:
                                                asynchronous=False)
         self._transport = _transport
         self._max_message_bytes: int | None = None
-        # Sensor feeds still open, which close() ends.
-        self._watches: weakref.WeakSet[watching.SensorWatch] = weakref.WeakSet()
+        # Sensor feeds and batch streams still open, which close() cuts: each then says why it ended.
+        self._cut_on_close: weakref.WeakSet = weakref.WeakSet()
 
     @classmethod
     def local(cls, *, max_worlds: int = DEFAULT_MAX_WORLDS,
@@ -108,8 +109,8 @@ class Client:
         self.close()
 
     def close(self) -> None:
-        for watch in list(self._watches):
-            watch.cut()
+        for opened in list(self._cut_on_close):
+            opened.cut()
         self._transport.close()
 
     def server_info(self) -> dict:
@@ -210,7 +211,9 @@ class World:
             return stream._apply_parts(parts)
 
     def stream(self) -> "BatchStream":
-        return BatchStream(self)
+        stream = BatchStream(self)
+        self._client._cut_on_close.add(stream)
+        return stream
 
     def query_aabb(self, boxes, mask=None, include_sensors: bool = False) -> Hits:
         """Every query skips sensors unless `include_sensors=True`."""
@@ -264,7 +267,7 @@ class World:
         still holds them. Fold them with `dbvt_client.SensorSet`."""
         request = watching.watch_request(self.name, sensors, from_tick)
         watch = watching.SensorWatch(*self._client._transport.watch(request))
-        self._client._watches.add(watch)
+        self._client._cut_on_close.add(watch)
         return watch
 
     def stats(self) -> dict:
@@ -317,6 +320,7 @@ class BatchStream:
         # Set, under the lock, once the stream has ended: later submits fail at once with it.
         self._failure: DbvtError | None = None
         self._lock = threading.Lock()
+        self._cut = False
         responses = world._client._transport.stream(iter(self._requests.get, _END), world.name)
         self._reader = threading.Thread(target=self._read, args=(responses,), daemon=True)
         self._reader.start()
@@ -352,6 +356,10 @@ class BatchStream:
                 self._requests.put(request)
         return future
 
+    def cut(self) -> None:
+        """Its client is closing, which ends the call: what the stream had not answered fails saying so."""
+        self._cut = True
+
     def close(self) -> None:
         """Stop sending and wait for the answers to everything already sent."""
         if not self._closed:
@@ -374,6 +382,8 @@ class BatchStream:
             failure = error
         except Exception as exc:
             failure = from_exception(exc)
+        if self._cut:
+            failure = client_closed()
         with self._lock:
             self._failure = failure
             while self._pending:
