@@ -11,8 +11,9 @@ import grpc
 from dbvt_client import batches, parts, queries, routing, transfer, watching
 from dbvt_client.client import (DEFAULT_MAX_PROXIES_PER_WORLD, DEFAULT_MAX_WORLDS, create_request, server_dict,
                                 stats_dict, world_info)
-from dbvt_client.errors import DbvtError, Unavailable, WrongServer, from_exception, from_rpc_error, from_stream_status
-from dbvt_client.query_stream import QUERY_FIELDS, AsyncQueryStream, client_closed
+from dbvt_client.errors import (DbvtError, Unavailable, WrongServer, client_closed, from_exception, from_rpc_error,
+                                from_stream_status)
+from dbvt_client.query_stream import QUERY_FIELDS, AsyncQueryStream
 from dbvt_client.results import BatchResult, Crossings, Hits, NearestHits, RayHits, Snapshot, WorldInfo
 from dbvt_client.transport import ANSWERED_IN_PARTS, Connection, batch_streams, local_transport
 from dbvt_proto.v1 import broadphase_pb2 as pb

@@ -12,9 +12,8 @@ from concurrent.futures import Future
 import numpy as np
 
 from dbvt_client import batches, parts, queries, routing, transfer, watching
-from dbvt_client.errors import DbvtError, InvalidArgument, Unavailable, WrongServer, from_exception
+from dbvt_client.errors import DbvtError, InvalidArgument, Unavailable, WrongServer, client_closed, from_exception
 from dbvt_client.results import BatchResult, Crossings, Hits, NearestHits, RayHits, Snapshot, WorldInfo
-from dbvt_client.query_stream import client_closed
 from dbvt_client.transport import Connection, GrpcTransport, local_transport
 from dbvt_proto.v1 import broadphase_pb2 as pb
 

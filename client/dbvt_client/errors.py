@@ -91,6 +91,11 @@ class Unavailable(DbvtError):
     code = grpc.StatusCode.UNAVAILABLE
 
 
+def client_closed() -> Unavailable:
+    """What every call of a closed client raises, and every stream and feed its closing cut."""
+    return Unavailable("the client is closed")
+
+
 class Moving(Unavailable):
     """The world is being moved to another server (`destination`, trailing metadata dbvt-moving), and
     nothing was done: the SDK retries the call with backoff until the move ends."""

@@ -11,8 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from dbvt_client.errors import InvalidArgument, Moving, WrongServer
-from dbvt_client.query_stream import client_closed
+from dbvt_client.errors import InvalidArgument, Moving, WrongServer, client_closed
 
 # Retrying a call on a moving world: the first wait, the longest, and when to give up and raise Moving.
 MOVE_RETRY_FIRST = 0.02

@@ -23,8 +23,8 @@ from concurrent.futures import TimeoutError as FutureTimeout
 import grpc
 
 from dbvt_client import parts
-from dbvt_client.errors import (DbvtError, DeadlineExceeded, Unavailable, from_exception, from_refusal,
-                                from_status_number)
+from dbvt_client.errors import (DbvtError, DeadlineExceeded, Unavailable, client_closed, from_exception,
+                                from_refusal, from_status_number)
 from dbvt_client.serialized import passing_bytes, reader, serialized
 from dbvt_proto.v1 import broadphase_pb2 as pb
 
@@ -150,11 +150,6 @@ def _ask_again(error: DbvtError) -> bool:
     """Whether a set whose stream ended with `error` is worth asking on a new stream: only when the
     stream was cut off or ended, not when the server refused it (a token it does not know)."""
     return type(error) is Unavailable
-
-
-def client_closed() -> Unavailable:
-    """What every call of a closed client raises."""
-    return Unavailable("the client is closed")
 
 
 def _timed_out(timeout: float | None) -> DeadlineExceeded:

@@ -14,9 +14,8 @@ import hashlib
 import socket
 import time
 
-from dbvt_client.errors import InvalidArgument, Unavailable
+from dbvt_client.errors import InvalidArgument, Unavailable, client_closed
 from dbvt_client.following import AsyncFollowingTransport, FollowingTransport, world_of
-from dbvt_client.query_stream import client_closed
 from dbvt_proto.v1 import broadphase_pb2 as pb
 
 # How often a dns:/// target is looked up again.

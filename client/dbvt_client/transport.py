@@ -10,8 +10,8 @@ from typing import Iterable, Iterator
 import grpc
 
 from dbvt_client import parts
-from dbvt_client.errors import from_rpc_error, from_stream_status
-from dbvt_client.query_stream import QUERY_FIELDS, QueryStream, client_closed
+from dbvt_client.errors import client_closed, from_rpc_error, from_stream_status
+from dbvt_client.query_stream import QUERY_FIELDS, QueryStream
 from dbvt_client.security import call_metadata, open_channel, tls_settings
 from dbvt_client.serialized import passing_bytes
 from dbvt_proto.v1 import broadphase_pb2 as pb

@@ -14,8 +14,7 @@ import grpc
 import numpy as np
 
 from dbvt_client import parts, wire
-from dbvt_client.errors import InvalidArgument, from_rpc_error
-from dbvt_client.query_stream import client_closed
+from dbvt_client.errors import InvalidArgument, client_closed, from_rpc_error
 from dbvt_client.results import SensorEvents
 from dbvt_proto.v1 import broadphase_pb2 as pb
 

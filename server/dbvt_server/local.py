@@ -11,8 +11,7 @@ import threading
 from typing import Callable, Iterable, Iterator
 
 from dbvt_client import parts
-from dbvt_client.errors import from_exception
-from dbvt_client.query_stream import client_closed
+from dbvt_client.errors import client_closed, from_exception
 from dbvt_proto.v1 import broadphase_pb2 as pb
 from dbvt_server.service import Limits, Service
 from dbvt_server.staging import BatchStaging, stream_error, unfinished_error
