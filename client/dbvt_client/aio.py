@@ -13,6 +13,7 @@ from dbvt_client.client import (DEFAULT_MAX_PROXIES_PER_WORLD, DEFAULT_MAX_WORLD
                                 stats_dict, world_info)
 from dbvt_client.errors import (DbvtError, Unavailable, WrongServer, client_closed, from_exception, from_rpc_error,
                                 from_stream_status)
+from dbvt_client.parts import written_after
 from dbvt_client.query_stream import QUERY_FIELDS, AsyncQueryStream
 from dbvt_client.results import BatchResult, Crossings, Hits, NearestHits, RayHits, Snapshot, WorldInfo
 from dbvt_client.transport import ANSWERED_IN_PARTS, Connection, batch_streams, local_transport
@@ -290,9 +291,9 @@ class AsyncBatchStream:
         self._closed = False
         # Set once the stream has ended: later submits fail at once with it.
         self._failure: DbvtError | None = None
-        # The task writing the last batch submitted. Each batch's writer waits for the one before it,
-        # so a batch's parts go out together and in the order the futures wait for their answers:
-        # tasks sharing the stream would otherwise write at once, which gRPC refuses by ending the call.
+        # The task writing the last batch submitted, which the next batch's writer follows
+        # (parts.written_after): tasks sharing the stream would otherwise write at once, which gRPC
+        # refuses by ending the call, and parts of batches would interleave.
         self._writing: asyncio.Future | None = None
         self._cut = False
 
@@ -330,18 +331,11 @@ class AsyncBatchStream:
         future = asyncio.get_running_loop().create_future()
         self._pending.append(future)
         requests = batches.stream_requests(self._world.name, next(self._sequence), parts)
-        self._writing = asyncio.ensure_future(self._write_after(self._writing, requests))
+        self._writing = asyncio.ensure_future(written_after(self._writing, self._call.write, requests))
         # A caller cancelled meanwhile (its own timeout) leaves the batch going out whole: part of one
         # would make the server refuse the next as cutting into it, and put every later answer out of step.
         await asyncio.shield(self._writing)
         return future
-
-    async def _write_after(self, before: asyncio.Future | None, requests: list) -> None:
-        if before is not None:
-            # Whether it went out or found the call over, this batch's turn has come.
-            await asyncio.gather(before, return_exceptions=True)
-        for request in requests:
-            await self._call.write(request)
 
     def cut(self) -> None:
         """See `BatchStream.cut`."""

@@ -7,7 +7,8 @@ joins answers (`joined`).
 """
 from __future__ import annotations
 
-from typing import Iterator
+import asyncio
+from typing import Awaitable, Callable, Iterator
 
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
@@ -116,3 +117,15 @@ def joined_queries(parts: list[Message]) -> Message:
     whole = joined(parts)
     whole.count = sum(part.count for part in parts)
     return whole
+
+
+async def written_after(before: asyncio.Future | None, write: Callable[[bytes], Awaitable], messages: list) -> None:
+    """The messages of one batch or query set written with `write`, once `before` (the writer of the
+    one asked before it on the same stream) has finished, however it ended: so the parts of one go out
+    together and in the order asked. Run as a task that its asker waits for without cancelling, it
+    also sends them whole when the asker stops waiting, where grpc.aio would end the call (and every
+    batch or set on it) under a cancelled write."""
+    if before is not None:
+        await asyncio.wait([before])
+    for message in messages:
+        await write(message)

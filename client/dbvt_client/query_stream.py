@@ -244,10 +244,7 @@ class AsyncQueryStream:
         self._call = None
         self._waiting: _Waiting | None = None
         self._reading: asyncio.Task | None = None
-        # The task writing the call's last set. Each set's writer waits for the one before it, so
-        # that a set's parts go out together; and a caller who stops waiting (cancelled, or its own
-        # asyncio.wait_for) leaves its set going out whole, as gRPC ends the call, and every set on it,
-        # when a write is cancelled.
+        # The task writing the call's last set, which the next set's writer follows (parts.written_after).
         self._writing: asyncio.Task | None = None
         self._closed = False
 
@@ -284,7 +281,7 @@ class AsyncQueryStream:
             self._call, self._waiting, self._writing = self._method(metadata=self._metadata), _Waiting(), None
             self._waiting.add(sequence, answer)
             self._reading = asyncio.create_task(_read_async(self._call, self._waiting))
-        self._writing = asyncio.create_task(_write_after(self._writing, self._call, messages))
+        self._writing = asyncio.create_task(_written(self._writing, self._call, messages))
         return self._call, self._waiting, sequence, self._writing
 
     async def close(self) -> None:
@@ -313,13 +310,10 @@ async def _answered(written: asyncio.Task, future: asyncio.Future):
     return await future
 
 
-async def _write_after(before: asyncio.Task | None, call, messages: list[bytes]) -> None:
-    if before is not None:
-        # Whether it went out or found the call over, this set's turn has come.
-        await asyncio.wait([before])
+async def _written(before: asyncio.Task | None, call, messages: list[bytes]) -> None:
+    """A set's messages, written in its turn (`parts.written_after`)."""
     try:
-        for message in messages:
-            await call.write(message)
+        await parts.written_after(before, call.write, messages)
     except (grpc.RpcError, asyncio.InvalidStateError):
         pass    # the call is over: its reader fails the set with how it ended
     except asyncio.CancelledError:
