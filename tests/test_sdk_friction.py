@@ -300,3 +300,14 @@ def test_local_and_remote_answer_alike(server, call):
             answers.append(failure(lambda: call(client)))
             client.delete_world("w")
         assert answers[0] == answers[1]
+
+
+@pytest.mark.parametrize("made", [Client.local, AsyncClient.local])
+@pytest.mark.parametrize("settings, error, told", [
+    ({"max_worlds": 0}, ValueError, "local(max_worlds=0): max_worlds must be positive"),
+    ({"max_proxies_per_world": -1}, ValueError, "local(max_proxies_per_world=-1): max_proxies_per_world must be positive"),
+    ({"max_worlds": "3"}, TypeError, "local(max_worlds='3'): max_worlds must be int"),
+    ({"max_proxies_per_world": True}, TypeError, "local(max_proxies_per_world=True): max_proxies_per_world must be int"),
+])
+def test_local_limits_are_checked_when_made(made, settings, error, told):
+    assert failure(lambda: made(**settings)) == (error, told)

@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 from dbvt_server import __version__
-from dbvt_server.config import Config, parse
+from dbvt_server.config import SETTINGS, Config, parse
 from servers import NEUTRAL_DIR, server_command
 
 
@@ -75,3 +75,49 @@ def test_every_refused_setting_names_its_source(name, value, told, capsys):
 
 def test_a_flag_overrides_a_refused_variable():
     assert parse(["--workers", "3"], environ={"DBVT_WORKERS": "0"}).workers == 3
+
+
+KINDS = {setting.name: setting.kind for setting in SETTINGS}
+
+
+@pytest.mark.parametrize("name, value, told", REFUSED)
+def test_a_config_made_in_code_is_held_to_the_same_rules(name, value, told):
+    typed = KINDS[name](value)
+    with pytest.raises(ValueError) as refused:
+        Config(**{name: typed})
+    assert str(refused.value) == f"Config({name}={typed!r}): {told}"
+
+
+@pytest.mark.parametrize("settings, told", [
+    ({"port": "50051"}, "Config(port='50051'): port must be int"),
+    ({"workers": True}, "Config(workers=True): workers must be int"),
+    ({"host": None}, "Config(host=None): host must be str"),
+    ({"grace_seconds": "1"}, "Config(grace_seconds='1'): grace_seconds must be float"),
+    ({"listen": "127.0.0.1:0"}, "Config(listen='127.0.0.1:0'): listen must be a tuple of str"),
+    ({"peers": ["a:1"]}, "Config(peers=['a:1']): peers must be a tuple of str"),
+])
+def test_a_config_value_of_the_wrong_type_is_named(settings, told):
+    with pytest.raises(TypeError) as refused:
+        Config(**settings)
+    assert str(refused.value) == told
+
+
+@pytest.mark.parametrize("settings, told", [
+    ({"tls_cert": "c.pem"}, "Config: tls_cert needs tls_key as well"),
+    ({"tls_client_ca": "ca.pem"}, "Config: tls_client_ca needs tls_cert as well"),
+    ({"peers": ("a:1", "b:2")}, "Config: peers needs advertise as well"),
+    ({"peers": ("a:1",), "advertise": "c:3"}, "Config: advertise c:3 must be one of peers a:1"),
+    ({"peers": ("dns:///x:1", "a:1"), "advertise": "a:1"},
+     "Config: peers takes host:port addresses or one dns:/// name, not both: dns:///x:1,a:1"),
+])
+def test_a_config_s_settings_are_checked_together(settings, told):
+    with pytest.raises(ValueError) as refused:
+        Config(**settings)
+    assert str(refused.value) == told
+
+
+def test_a_config_takes_what_the_flags_take():
+    made = Config(port=0, keepalive_seconds=5, listen=("127.0.0.1:0",), tls_cert="c.pem", tls_key="k.pem",
+                  health_port=None, peers=("a:1",), advertise="a:1")
+    assert made == parse(["--port", "0", "--keepalive-seconds", "5", "--listen", "127.0.0.1:0", "--tls-cert", "c.pem",
+                          "--tls-key", "k.pem", "--peers", "a:1", "--advertise", "a:1"], environ={})

@@ -136,6 +136,11 @@ class GrpcTransport:
 
 def local_transport(asynchronous: bool, max_worlds: int, max_proxies_per_world: int):
     """The worlds of `Client.local()` and `AsyncClient.local()`: the server's service, in this process."""
+    for name, value in (("max_worlds", max_worlds), ("max_proxies_per_world", max_proxies_per_world)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"local({name}={value!r}): {name} must be int")
+        if value < 1:
+            raise ValueError(f"local({name}={value!r}): {name} must be positive")
     try:
         from dbvt_server import local
     except ImportError as exc:

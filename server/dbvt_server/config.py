@@ -5,7 +5,7 @@ import argparse
 import ipaddress
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Callable, NamedTuple
 
 from dbvt.validation import MAX_THREADS
@@ -23,7 +23,11 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 @dataclass(frozen=True)
 class Config:
-    """The server's settings; `workers` defaults to the number of cores, at least 2."""
+    """The server's settings; `workers` defaults to the number of cores, at least 2.
+
+    A Config made in code (`create_server(Config(...))`) is held to the rules the flags are: a value of
+    the wrong type raises TypeError, a refused value or combination ValueError, each naming the setting.
+    """
 
     host: str = "127.0.0.1"
     port: int = 50051
@@ -59,6 +63,24 @@ class Config:
     fsync: str = "everysec"
     snapshot_seconds: float = 60.0
 
+    def __post_init__(self):
+        for setting in SETTINGS:
+            value = getattr(self, setting.name)
+            if setting.many and not isinstance(value, tuple):
+                raise TypeError(f"Config({setting.name}={value!r}): {setting.name} must be a tuple of "
+                                f"{setting.kind.__name__}")
+            for one in value if setting.many else (value,):
+                if one is None and setting.name in UNSET_BY_DEFAULT:
+                    continue
+                if not _of_kind(one, setting.kind):
+                    raise TypeError(f"Config({setting.name}={one!r}): {setting.name} must be {setting.kind.__name__}")
+                if not setting.check(one):
+                    raise ValueError(f"Config({setting.name}={one!r}): {setting.name} {setting.rule}")
+        problem = combination_problem({name: value for name in NAMES if _given(value := getattr(self, name))},
+                                      lambda name: name)
+        if problem:
+            raise ValueError(f"Config: {problem}")
+
     @property
     def addresses(self) -> tuple[str, ...]:
         """Where the server listens: --listen's addresses, or host:port."""
@@ -74,6 +96,10 @@ class Config:
     def exposed(self) -> bool:
         """Whether the server listens beyond this machine without both TLS and tokens."""
         return bool(self.exposed_hosts) and not (self.tls_cert and self.tokens)
+
+
+# Settings that may be None: those off unless given.
+UNSET_BY_DEFAULT = frozenset(field.name for field in fields(Config) if field.default is None)
 
 
 def split_address(address: str) -> tuple[str, int] | None:
@@ -121,6 +147,17 @@ class Setting(NamedTuple):
     stated_default: str | None = None
     # Given any number of times (the variable: comma-separated); the value is a tuple.
     many: bool = False
+
+
+def _of_kind(value, kind: type) -> bool:
+    """Whether a value made in code is of a setting's kind: a bool is no number, an int is a float."""
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, (int, float) if kind is float else kind)
+
+
+def _given(value) -> bool:
+    return value is not None and value != ()
 
 
 def _positive(value) -> bool:
@@ -224,9 +261,27 @@ SETTINGS = [
             "must be a finite number > 0"),
 ]
 
+NAMES = [setting.name for setting in SETTINGS]
 # Settings that mean nothing without another one.
 NEEDS = {"tls_cert": "tls_key", "tls_key": "tls_cert", "tls_client_ca": "tls_cert", "peers": "advertise",
          "advertise": "peers"}
+
+
+def combination_problem(values: dict, named: Callable[[str], str]) -> str | None:
+    """What is wrong with the settings given (`values`, by name) taken together, each called `named(name)`."""
+    for setting, needed in NEEDS.items():
+        if setting in values and needed not in values:
+            return f"{named(setting)} needs {named(needed)} as well"
+    peers = values.get("peers", ())
+    if any(is_dns(peer) for peer in peers) and len(peers) > 1:
+        return f"{named('peers')} takes host:port addresses or one dns:/// name, not both: {','.join(peers)}"
+    if "advertise" in values and not is_dns(peers[0]) and values["advertise"] not in peers:
+        return f"{named('advertise')} {values['advertise']} must be one of {named('peers')} {','.join(peers)}"
+    return None
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
 
 
 def parse(argv: list[str] | None = None, environ=os.environ) -> Config:
@@ -250,7 +305,7 @@ def parse(argv: list[str] | None = None, environ=os.environ) -> Config:
         flag = getattr(flags, setting.name)
         if flag is not None:
             given = [part.strip() for value in flag for part in value.split(",")] if setting.many else [flag]
-            sources = [f"--{setting.name.replace('_', '-')} {value}" for value in given]
+            sources = [f"{_flag(setting.name)} {value}" for value in given]
         elif setting.env in environ:
             raw = environ[setting.env]
             try:
@@ -264,12 +319,7 @@ def parse(argv: list[str] | None = None, environ=os.environ) -> Config:
             if not setting.check(value):
                 parser.error(f"{source}: {setting.name} {setting.rule}")
         values[setting.name] = tuple(given) if setting.many else given[0]
-    for setting, needed in NEEDS.items():
-        if setting in values and needed not in values:
-            parser.error(f"--{setting.replace('_', '-')} needs --{needed.replace('_', '-')} as well")
-    peers = values.get("peers", ())
-    if any(is_dns(peer) for peer in peers) and len(peers) > 1:
-        parser.error(f"--peers takes host:port addresses or one dns:/// name, not both: {','.join(peers)}")
-    if "advertise" in values and not is_dns(peers[0]) and values["advertise"] not in peers:
-        parser.error(f"--advertise {values['advertise']} must be one of --peers {','.join(peers)}")
+    problem = combination_problem(values, _flag)
+    if problem:
+        parser.error(problem)
     return Config(**values)
