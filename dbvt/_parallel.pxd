@@ -7,6 +7,9 @@ ctypedef void (*PartTask)(void *context, int part) noexcept nogil
 
 
 cdef void run_parts(PartTask task, void *context, int parts) noexcept nogil
+# How many of `wanted` threads a call could have now: its own and the workers the thread budget has
+# room for. A glance, not a claim (another call may take them first): it picks a call's stages.
+cdef int threads_free(int wanted) noexcept nogil
 
 cdef enum:
     # A batch of this many ids or boxes has its checks and look-ups cut over the threads; a smaller
@@ -36,6 +39,10 @@ cdef extern from *:
     static inline int64_t dbvt_add_fetch(int64_t *count, int64_t value) {
         return __atomic_add_fetch(count, value, __ATOMIC_RELAXED);
     }
+    /* Set a 64-bit count to `desired` if it still holds *expected; else *expected is what it holds. */
+    static inline int dbvt_compare_swap(int64_t *count, int64_t *expected, int64_t desired) {
+        return __atomic_compare_exchange_n(count, expected, desired, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+    }
     /* A byte one thread sets and others may read meanwhile. */
     static inline unsigned char dbvt_byte_get(unsigned char *byte) {
         return __atomic_load_n(byte, __ATOMIC_RELAXED);
@@ -50,6 +57,7 @@ cdef extern from *:
     void counter_set "dbvt_counter_set"(dbvt_counter *c, int value) noexcept nogil
     uint32_t fetch_or "dbvt_fetch_or"(uint32_t *word, uint32_t bits) noexcept nogil
     int64_t add_fetch "dbvt_add_fetch"(int64_t *count, int64_t value) noexcept nogil
+    bint compare_swap "dbvt_compare_swap"(int64_t *count, int64_t *expected, int64_t desired) noexcept nogil
     unsigned char byte_get "dbvt_byte_get"(unsigned char *byte) noexcept nogil
     void byte_set "dbvt_byte_set"(unsigned char *byte, unsigned char value) noexcept nogil
 

@@ -12,6 +12,13 @@ A worker is taken from the pool for a call and given back after it, so calls on 
 (different worlds) never share one; the pool grows to the most parts ever running at once. Its
 threads sleep between bursts of calls and end with the process. A forked child starts with an empty
 pool (the threads are not copied into it).
+
+The thread budget shares the cores between calls on different threads: with one set
+(`set_thread_budget`), a worker is taken only while fewer threads than the budget are working,
+counting the workers running a part and the threads that said they work (`working`, as the server's
+world threads do for each operation). A part that gets no worker runs on the caller, so a busy
+process runs each call on its own thread, and an idle one gives a call every core it has, with the
+same answer either way.
 """
 from libc.stdlib cimport free, malloc
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
@@ -83,6 +90,12 @@ ctypedef struct Worker:             # one pooled thread, and the part it is give
 
 cdef pthread_mutex_t pool_lock      # guards idle
 cdef Worker *idle = NULL            # the pool: a stack, so the worker that ran last, still spinning, goes first
+
+# The budget and what counts against it, read and written by atomics only (add_fetch, compare_swap).
+cdef int64_t thread_budget = 0      # at most this many threads working at once; 0, no budget
+cdef int64_t threads_working = 0    # threads inside `working`, and workers given a part
+cdef int64_t parts_on_workers = 0   # of the calls cut into parts, the parts run by a worker and those
+cdef int64_t parts_on_callers = 0   # run by their caller, ever: what a test sees of the budget
 
 
 cdef inline int64_t now_ns() noexcept nogil:
@@ -183,11 +196,39 @@ cdef void wait_for(Worker *w) noexcept nogil:
     pthread_mutex_unlock(&pool_lock)
 
 
+cdef bint claim_thread() noexcept nogil:
+    """One more working thread, counted, if the budget has room for it."""
+    cdef int64_t budget = add_fetch(&thread_budget, 0)
+    cdef int64_t working = add_fetch(&threads_working, 0)
+    while budget <= 0 or working < budget:
+        if compare_swap(&threads_working, &working, working + 1):
+            return True
+    return False
+
+
+cdef int threads_free(int wanted) noexcept nogil:
+    cdef int64_t budget = add_fetch(&thread_budget, 0)
+    if budget <= 0:
+        return wanted
+    return <int>max(1, min(<int64_t>wanted, 1 + budget - add_fetch(&threads_working, 0)))
+
+
+cdef Worker *budgeted_worker() noexcept nogil:
+    """A worker within the budget, or NULL (none had: its part runs on the caller)."""
+    cdef Worker *w
+    if not claim_thread():
+        return NULL
+    w = take_worker()
+    if w == NULL:
+        add_fetch(&threads_working, -1)
+    return w
+
+
 cdef void run_parts(PartTask task, void *context, int parts) noexcept nogil:
-    """Never fails: a part for which no worker can be had (no memory, a thread limit) runs on the
-    caller, after part 0, so the answer is the same and only slower."""
+    """Never fails: a part for which no worker can be had (the budget spent, no memory, a thread
+    limit) runs on the caller, after part 0, so the answer is the same and only slower."""
     cdef Worker **workers
-    cdef int i
+    cdef int i, given = 0
     if parts <= 1:
         if parts == 1:
             task(context, 0)
@@ -196,11 +237,13 @@ cdef void run_parts(PartTask task, void *context, int parts) noexcept nogil:
     if workers == NULL:
         for i in range(parts):
             task(context, i)
+        add_fetch(&parts_on_callers, parts)
         return
     for i in range(1, parts):
-        workers[i] = take_worker()
+        workers[i] = budgeted_worker()
         if workers[i] != NULL:
             give(workers[i], task, context, i)
+            given += 1
     task(context, 0)
     for i in range(1, parts):
         if workers[i] == NULL:
@@ -208,6 +251,9 @@ cdef void run_parts(PartTask task, void *context, int parts) noexcept nogil:
     for i in range(1, parts):
         if workers[i] != NULL:
             wait_for(workers[i])
+            add_fetch(&threads_working, -1)
+    add_fetch(&parts_on_workers, given)
+    add_fetch(&parts_on_callers, parts - given)
     free(workers)
 
 
@@ -246,3 +292,42 @@ cdef bint runs_take(Runs *r, int worker, int64_t *item) noexcept nogil:
             item[0] = r.first[run] + i
             return True
     return False
+
+
+def set_thread_budget(threads):
+    """At most `threads` threads of this process work at once; 0, no budget (the default). See the
+    module's text."""
+    cdef int64_t before = add_fetch(&thread_budget, 0)
+    if isinstance(threads, bool) or not isinstance(threads, int) or not 0 <= threads <= MAX_THREADS:
+        raise ValueError(f"the thread budget must be an int from 0 (none) to {MAX_THREADS}, not {threads!r}")
+    while not compare_swap(&thread_budget, &before, threads):
+        pass
+
+
+cdef class Working:
+    """`with working():` counts this thread against the thread budget while it works."""
+
+    def __enter__(self):
+        add_fetch(&threads_working, 1)
+        return self
+
+    def __exit__(self, *exc):
+        add_fetch(&threads_working, -1)
+        return False
+
+
+cdef Working WORKING = Working()
+
+
+def working():
+    """The context in which this thread counts against the thread budget (it may be entered by any
+    number of threads at once)."""
+    return WORKING
+
+
+def thread_stats():
+    """The budget (0: none), the threads working now, and the parts ever run on workers and on
+    their callers."""
+    return {"budget": add_fetch(&thread_budget, 0), "working": add_fetch(&threads_working, 0),
+            "parts_on_workers": add_fetch(&parts_on_workers, 0),
+            "parts_on_callers": add_fetch(&parts_on_callers, 0)}

@@ -1,0 +1,111 @@
+"""The thread budget: calls on different threads share the cores. A call cut into parts takes a worker
+only while fewer threads than the budget work (the threads inside `dbvt.working()`, and the workers
+running a part); the parts it gets none for run on its own thread, with the same answer.
+"""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import dbvt
+from dbvt_server.bench.workload import make_w2
+
+QUERIES = 2000          # enough rows for a call on two threads to be cut in two
+
+
+@pytest.fixture(autouse=True)
+def no_budget_after():
+    yield
+    dbvt.set_thread_budget(0)
+
+
+def _world(threads: int, seed: int = 5) -> tuple[dbvt.Broadphase, object]:
+    work = make_w2(3000, 3, dims=2, seed=seed)
+    structure = dbvt.Broadphase(dims=2, threads=threads)
+    structure.create(work.ids, work.boxes)
+    structure.update()
+    return structure, work
+
+
+def _parts_during(call) -> tuple[object, int, int]:
+    """What `call()` returned, and the parts run on workers and on their callers meanwhile."""
+    before = dbvt.thread_stats()
+    answer = call()
+    after = dbvt.thread_stats()
+    return (answer, after["parts_on_workers"] - before["parts_on_workers"],
+            after["parts_on_callers"] - before["parts_on_callers"])
+
+
+def _queries(work) -> np.ndarray:
+    return np.repeat(work.boxes[:QUERIES // 2], 2, axis=0)
+
+
+@pytest.mark.parametrize("bad", [-1, 1025, 1.5, True, "2", None])
+def test_the_budget_is_an_int_from_0_to_1024(bad):
+    with pytest.raises(ValueError, match=r"the thread budget must be an int from 0 \(none\) to 1024"):
+        dbvt.set_thread_budget(bad)
+
+
+def test_without_a_budget_a_call_takes_its_workers():
+    structure, work = _world(threads=2)
+    dbvt.set_thread_budget(0)
+    with dbvt.working():
+        _, on_workers, on_callers = _parts_during(lambda: structure.query_aabb(_queries(work)))
+    assert (on_workers, on_callers) == (1, 1)
+
+
+def test_a_spent_budget_runs_every_part_on_the_caller_with_the_same_answer():
+    single, work = _world(threads=1)
+    expected = single.query_aabb(_queries(work))
+    structure, _ = _world(threads=2)
+    dbvt.set_thread_budget(1)
+    with dbvt.working():
+        answer, on_workers, on_callers = _parts_during(lambda: structure.query_aabb(_queries(work)))
+    assert (on_workers, on_callers) == (0, 2)
+    for got, wanted in zip(answer, expected, strict=True):
+        np.testing.assert_array_equal(got, wanted)
+
+
+def test_a_budget_with_room_gives_workers():
+    structure, work = _world(threads=2)
+    dbvt.set_thread_budget(2)
+    with dbvt.working():
+        _, on_workers, _ = _parts_during(lambda: structure.query_aabb(_queries(work)))
+    assert on_workers == 1
+    assert dbvt.thread_stats()["working"] == 0
+
+
+def test_threads_working_at_once_share_the_budget_and_answer_as_one_thread():
+    """Four threads stepping and querying worlds on three threads each, within a budget of two: the
+    answers are one thread's, and no thread is left counted afterwards."""
+    seeds = range(4)
+
+    def steps_and_queries(threads: int, seed: int) -> list:
+        structure, work = _world(threads, seed)
+        answers = []
+        for step in range(work.steps):
+            structure.move(work.move_ids[step], work.move_boxes[step])
+            answers.extend(structure.update())
+        answers.extend(structure.query_aabb(_queries(work)))
+        return answers
+
+    expected = [steps_and_queries(1, seed) for seed in seeds]
+    dbvt.set_thread_budget(2)
+    got: dict[int, list] = {}
+
+    def run(seed: int) -> None:
+        with dbvt.working():
+            got[seed] = steps_and_queries(3, seed)
+
+    threads = [threading.Thread(target=run, args=(seed,)) for seed in seeds]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for seed in seeds:
+        for a, b in zip(got[seed], expected[seed], strict=True):
+            np.testing.assert_array_equal(a, b)
+    assert dbvt.thread_stats()["working"] == 0
+
