@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+import dbvt
 from dbvt_server.bench import console, core, workload
 from dbvt_server.bench.__main__ import main
 
@@ -153,6 +154,18 @@ def test_steps_compares_threads_with_one_and_checks_the_answers(capsys):
     for name in ("W1 at 3000", "W2 2-D at 2000", "W2 3-D at 2000"):
         assert f"{name}: step on 2 threads / on 1: median" in out
     assert "the same on both: OK" in out
+
+
+def test_budget_steps_busy_worlds_three_ways_and_checks_the_answers(capsys):
+    code, out, _ = run_main(capsys, ["budget", "--dense", "2000", "--steps", "2", "--repeat", "2", "--worlds", "2",
+                                     "--threads", "2", "--cores", "2"])
+    assert code == 0
+    for worlds in ("2 busy worlds", "1 busy world"):
+        assert f"{worlds}, steps/s: without a budget " in out
+    assert out.count("with the budget / without a budget: median ") == 2
+    assert out.count("with the budget / on one thread each: median ") == 2
+    assert "the same in every round: OK" in out
+    assert dbvt.thread_stats()["budget"] == 0
 
 
 def test_calls_counts_a_ticks_python_by_thread_beside_the_bare_server(capsys):

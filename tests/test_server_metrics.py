@@ -188,3 +188,24 @@ def test_the_replica_set_and_moving_worlds_are_gauged():
         assert scrape(port)[("dbvt_worlds_moving",)] == 0
     finally:
         running.stop()
+
+
+def test_the_threads_working_and_where_parts_ran_are_reported():
+    """--cores 1: the world's own thread is the budget, so the parts of a query call cut over
+    --threads-per-world 2 all run on it."""
+    server = ServerThread(metrics_address="127.0.0.1:0", threads_per_world=2, cores=1)
+    try:
+        port = server.running.metrics_endpoint.port
+        before = scrape(port)
+        boxes = np.random.default_rng(3).uniform(0, 50, (2000, 3)).astype(np.float32)
+        with Client(server.target) as client:
+            world = client.create_world("parted")
+            world.apply(create=(np.arange(2000, dtype=np.uint64), np.concatenate([boxes, boxes + 1], axis=1)))
+            world.query_aabb(np.concatenate([boxes, boxes + 2], axis=1))
+        after = scrape(port)
+        ran = {on: after[("dbvt_thread_parts_total", ("on", on))] - before[("dbvt_thread_parts_total", ("on", on))]
+               for on in ("pooled_threads", "world_threads")}
+        assert ran == {"pooled_threads": 0, "world_threads": 2}
+        assert after[("dbvt_threads_working",)] == 0
+    finally:
+        server.stop()

@@ -1,6 +1,7 @@
 """The thread budget: calls on different threads share the cores. A call cut into parts takes a worker
 only while fewer threads than the budget work (the threads inside `dbvt.working()`, and the workers
-running a part); the parts it gets none for run on its own thread, with the same answer.
+running a part); the parts it gets none for run on its own thread, with the same answer. The server
+sets the budget to --cores and counts each world's thread while it works.
 """
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import numpy as np
 import pytest
 
 import dbvt
+from dbvt_client import Client
 from dbvt_server.bench.workload import make_w2
+from servers import ServerThread
 
 QUERIES = 2000          # enough rows for a call on two threads to be cut in two
 
@@ -109,3 +112,22 @@ def test_threads_working_at_once_share_the_budget_and_answer_as_one_thread():
             np.testing.assert_array_equal(a, b)
     assert dbvt.thread_stats()["working"] == 0
 
+
+@pytest.mark.parametrize("cores, on_workers", [(1, 0), (2, 1)])
+def test_a_server_s_worlds_take_workers_within_its_cores(cores, on_workers):
+    """--cores 1: the world's own thread is all the budget, so a call on --threads-per-world 2 runs
+    whole on it; --cores 2: it takes a worker. The answer is the same."""
+    structure, work = _world(threads=1)
+    expected = structure.query_aabb(_queries(work))
+    server = ServerThread(threads_per_world=2, cores=cores)
+    try:
+        with Client(server.target) as client:
+            world = client.create_world("budget", dims=2)
+            world.apply(create=(work.ids, work.boxes))
+            answer, workers, callers = _parts_during(lambda: world.query_aabb(_queries(work)))
+        assert dbvt.thread_stats()["budget"] == cores
+        assert (workers, callers) == (on_workers, 2 - on_workers)
+        for got, wanted in zip(answer, expected, strict=True):
+            np.testing.assert_array_equal(got, wanted)
+    finally:
+        server.stop()

@@ -15,6 +15,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+import dbvt
 from dbvt_proto.v1 import broadphase_pb2 as pb
 from dbvt_server.access import Access, TokenInterceptor
 from dbvt_server.config import Config, is_unix, split_address, unix_path
@@ -137,6 +138,8 @@ async def create_server(config: Config) -> Running:
     service = Service(limits, Store(config.data_dir, config.fsync) if config.data_dir else None, replicas)
     if service.store is not None:
         _restore(service)
+    # Process-wide: every world's calls share the cores (dbvt._parallel), whichever server runs them.
+    dbvt.set_thread_budget(config.cores)
     executor = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="dbvt-world")
     servicer = BroadphaseServicer(service, executor, rejections)
     interceptors = []
@@ -334,9 +337,9 @@ async def serve(config: Config) -> None:
     if running.metrics_endpoint is not None:
         log.info("metrics on http://%s/metrics (and /healthz, /readyz)",
                  address(split_address(config.metrics_address)[0], running.metrics_endpoint.port))
-    log.info("dbvt-server listening on %s (%s, workers=%d, threads_per_world=%d, max_message_bytes=%d, "
+    log.info("dbvt-server listening on %s (%s, workers=%d, threads_per_world=%d, cores=%d, max_message_bytes=%d, "
              "max_worlds=%d, max_proxies_per_world=%d)", ", ".join(running.addresses), _security(config),
-             config.workers, config.threads_per_world, config.max_message_bytes, config.max_worlds,
+             config.workers, config.threads_per_world, config.cores, config.max_message_bytes, config.max_worlds,
              config.max_proxies_per_world)
     if config.exposed:
         log.warning("listening on %s, beyond this machine, without %s: anyone who can reach the port may read, "

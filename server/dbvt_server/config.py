@@ -48,6 +48,7 @@ class Config:
     log_format: str = "text"
     workers: int = max(2, os.cpu_count() or 1)
     threads_per_world: int = 1
+    cores: int = min(len(os.sched_getaffinity(0)), MAX_THREADS)
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_client_ca: str | None = None
@@ -216,6 +217,12 @@ SETTINGS = [
             "a call of at least 64 queries a thread, or a build of 4,096 proxies, is cut over them, with the same "
             "answer; a busy server runs up to --workers times this many threads",
             lambda threads: 1 <= threads <= MAX_THREADS, f"must be between 1 and {MAX_THREADS}"),
+    Setting("cores", "DBVT_CORES", int,
+            "threads that may work at once, the worlds' own and the threads inside them: a call is cut over "
+            "--threads-per-world threads only while fewer than this many work, and runs whole on its world's "
+            "thread otherwise, with the same answer (set it to a container's CPU quota)",
+            lambda cores: 1 <= cores <= MAX_THREADS, f"must be between 1 and {MAX_THREADS}",
+            stated_default="the cores this process may run on"),
     Setting("tls_cert", "DBVT_TLS_CERT", str, "PEM certificate chain: with --tls-key, the server speaks only TLS",
             stated_default="none, plaintext"),
     Setting("tls_key", "DBVT_TLS_KEY", str, "PEM private key of --tls-cert", stated_default="none"),

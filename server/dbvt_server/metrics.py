@@ -19,6 +19,7 @@ from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, 
                                ProcessCollector, generate_latest)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+import dbvt
 from dbvt_proto.v1 import broadphase_pb2 as pb
 from dbvt_server import handlers
 
@@ -142,6 +143,15 @@ class _StateCollector:
             counter = CounterMetricFamily(name, help_text)
             counter.add_metric([], getattr(store, attribute) if store is not None else 0)
             yield counter
+        threads = dbvt.thread_stats()
+        yield _gauge("dbvt_threads_working", "threads working against --cores: world threads running operations, "
+                     "and pooled threads running a part of a call", [((), threads["working"])])
+        parts = CounterMetricFamily("dbvt_thread_parts", "parts of calls cut over --threads-per-world threads, by "
+                                    "who ran them: a pooled thread, or the world's own thread (--cores had no room)",
+                                    labels=["on"])
+        parts.add_metric(["pooled_threads"], threads["parts_on_workers"])
+        parts.add_metric(["world_threads"], threads["parts_on_callers"])
+        yield parts
         yield _gauge("dbvt_stream_connections", "batch streams open", [((), self._servicer.open_streams)])
         yield _gauge("dbvt_staged_bytes", "bytes held for batches and query sets whose last part has not come",
                      [((), self._servicer.service.staged.value)])

@@ -14,6 +14,7 @@
     dbvt-bench routing [--calls C] [--worlds W] ...            a routed call's cost, and a rebalance's speed
     dbvt-bench insert [--n N] [--large L] [--repeat R]         insertion at 100k beside 1M
     dbvt-bench steps [--large L] [--dense D] [--threads T] ... a step on threads against one, W1 and W2
+    dbvt-bench budget [--dense D] [--worlds W] [--threads T] ...  busy worlds on threads, the thread budget against none
 
 A benchmark given no DIR makes W1 data first, in a temporary directory, so a fresh clone needs
 nothing else. Every command prints its command line, the machine and the load average first, and
@@ -24,7 +25,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dbvt_server.bench import calls, console, core, insert, paired, persist, queries, routing, sensors, steps, wire, workload
+from dbvt_server.bench import (budget, calls, console, core, insert, paired, persist, queries, routing, sensors, steps,
+                               wire, workload)
 
 COMMANDS = {
     "workload": (workload, "make W1 or W2 data with its exact answers (expected.json)"),
@@ -39,6 +41,7 @@ COMMANDS = {
     "sensors": (sensors, "W1 with moving sphere sensors: the step, a watcher's latency, 8 watchers against 1"),
     "insert": (insert, "one-at-a-time insertion and the bulk build, W1 at 100k beside 1M"),
     "steps": (steps, "a broadphase step on threads against one: W1 at 1M, W2 (2-D and 3-D) at 100k"),
+    "budget": (budget, "busy W2 worlds on threads at once, with the thread budget against without it"),
     "routing": (routing, "a routed client's cost per call beyond a direct one, and a rebalance's proxies a second"),
 }
 
