@@ -13,6 +13,36 @@ from dbvt_client.batches import MESSAGE_OVERHEAD
 from dbvt_client.routing import is_dns
 from dbvt_server import __version__
 
+def usable_cores(cgroup: str = "/sys/fs/cgroup") -> int:
+    """The cores this process may keep busy: those it may run on (its CPU affinity, which
+    `docker run --cpuset-cpus` sets), fewer under a CPU quota (`docker run --cpus`, read from cgroup
+    v2's cpu.max or v1's cfs quota), rounded up; at least 1 and at most MAX_THREADS."""
+    cores = len(os.sched_getaffinity(0))
+    quota = _cpu_quota(cgroup)
+    if quota is not None:
+        cores = min(cores, math.ceil(quota))
+    return max(1, min(cores, MAX_THREADS))
+
+
+def _cpu_quota(cgroup: str) -> float | None:
+    """Cores' worth of CPU time the cgroup allows, or None without a quota (or where none can be read)."""
+    try:
+        with open(os.path.join(cgroup, "cpu.max")) as limit:
+            quota, period = limit.read().split()[:2]
+    except (OSError, ValueError):
+        try:
+            with open(os.path.join(cgroup, "cpu", "cpu.cfs_quota_us")) as quota_file, \
+                    open(os.path.join(cgroup, "cpu", "cpu.cfs_period_us")) as period_file:
+                quota, period = quota_file.read().strip(), period_file.read().strip()
+        except OSError:
+            return None
+    try:
+        allowed, every = int(quota), int(period)
+    except ValueError:
+        return None     # "max": no quota
+    return allowed / every if allowed > 0 and every > 0 else None
+
+
 MIB = 1 << 20
 MAX_GRPC_MESSAGE = (1 << 31) - 1
 # Every message keeps MESSAGE_OVERHEAD bytes for the fields around its rows (the SDK's batches and
@@ -23,7 +53,8 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 @dataclass(frozen=True)
 class Config:
-    """The server's settings; `workers` defaults to the number of cores, at least 2.
+    """The server's settings; `workers` defaults to the cores the process may use (usable_cores), at
+    least 2.
 
     A Config made in code (`create_server(Config(...))`) is held to the rules the flags are: a value of
     the wrong type raises TypeError, a refused value or combination ValueError, each naming the setting.
@@ -46,9 +77,9 @@ class Config:
     grace_seconds: float = 10.0
     log_level: str = "INFO"
     log_format: str = "text"
-    workers: int = max(2, os.cpu_count() or 1)
+    workers: int = max(2, usable_cores())
     threads_per_world: int = 1
-    cores: int = min(len(os.sched_getaffinity(0)), MAX_THREADS)
+    cores: int = usable_cores()
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_client_ca: str | None = None
@@ -211,7 +242,7 @@ SETTINGS = [
     Setting("log_format", "DBVT_LOG_FORMAT", str, "text, or json: one JSON object a line, for log collectors",
             lambda value: value in ("text", "json"), "must be text or json"),
     Setting("workers", "DBVT_WORKERS", int, "threads running world operations (different worlds run in parallel)",
-            _positive, "must be positive", stated_default="the number of cores, at least 2"),
+            _positive, "must be positive", stated_default="the cores this process may use, at least 2"),
     Setting("threads_per_world", "DBVT_THREADS_PER_WORLD", int,
             "threads one world's query call, or its bulk build (the first batch into an empty world), may use: "
             "a call of at least 64 queries a thread, or a build of 4,096 proxies, is cut over them, with the same "
@@ -220,9 +251,9 @@ SETTINGS = [
     Setting("cores", "DBVT_CORES", int,
             "threads that may work at once, the worlds' own and the threads inside them: a call is cut over "
             "--threads-per-world threads only while fewer than this many work, and runs whole on its world's "
-            "thread otherwise, with the same answer (set it to a container's CPU quota)",
+            "thread otherwise, with the same answer",
             lambda cores: 1 <= cores <= MAX_THREADS, f"must be between 1 and {MAX_THREADS}",
-            stated_default="the cores this process may run on"),
+            stated_default="the cores this process may use: its CPU affinity, or fewer under a CPU quota"),
     Setting("tls_cert", "DBVT_TLS_CERT", str, "PEM certificate chain: with --tls-key, the server speaks only TLS",
             stated_default="none, plaintext"),
     Setting("tls_key", "DBVT_TLS_KEY", str, "PEM private key of --tls-cert", stated_default="none"),
