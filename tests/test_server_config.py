@@ -77,6 +77,7 @@ REFUSED = [
     ("workers", "0", "workers must be positive"),
     ("threads_per_world", "0", "threads_per_world must be between 1 and 1024"),
     ("threads_per_world", "1025", "threads_per_world must be between 1 and 1024"),
+    ("cores", "0", "cores must be between 1 and 1024"),
 ]
 
 

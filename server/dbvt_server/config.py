@@ -244,9 +244,9 @@ SETTINGS = [
     Setting("workers", "DBVT_WORKERS", int, "threads running world operations (different worlds run in parallel)",
             _positive, "must be positive", stated_default="the cores this process may use, at least 2"),
     Setting("threads_per_world", "DBVT_THREADS_PER_WORLD", int,
-            "threads one world's query call, or its bulk build (the first batch into an empty world), may use: "
-            "a call of at least 64 queries a thread, or a build of 4,096 proxies, is cut over them, with the same "
-            "answer; a busy server runs up to --workers times this many threads",
+            "threads one world's query call, bulk build (the first batch into an empty world) or step may use: a "
+            "call of at least 64 queries a thread, a build of 4,096 proxies, or the pair finding of a batch that "
+            "moves 512, is cut over them, with the same answer, while --cores has room",
             lambda threads: 1 <= threads <= MAX_THREADS, f"must be between 1 and {MAX_THREADS}"),
     Setting("cores", "DBVT_CORES", int,
             "threads that may work at once, the worlds' own and the threads inside them: a call is cut over "
