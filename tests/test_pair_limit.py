@@ -192,3 +192,22 @@ def test_the_world_equals_a_reference_that_refuses_the_same_batches(steps):
                 live = sorted((set(live) | created) - {int(i) for i in batch.get("destroy", [])})
             assert world.pairs().tolist() == truth.pairs().tolist()
             assert world.info().proxies == len(live)
+
+
+@pytest.mark.parametrize("spare", [0, -1])
+def test_a_limit_every_pair_can_fit_under_takes_every_pair(client, spare):
+    """A world whose proxies cannot make more pairs than its limit keeps no undo (a copy of the moved
+    boxes each tick) and needs none; one pair less and the same batch is refused, and undone."""
+    n = 40
+    world = client.create_world("within-reach", max_pairs=n * (n - 1) // 2 + spare)
+    ids = np.arange(n, dtype=np.uint64)
+    world.apply(create=(ids, scattered(n, 3)))
+    before = state(world)
+    pile = dict(move=(ids, unit_boxes(n, 20.0)))
+    if spare == 0:
+        world.apply(**pile)
+        assert len(world.pairs()) == n * (n - 1) // 2
+    else:
+        with pytest.raises(ResourceExhausted, match="past its limit"):
+            world.apply(**pile)
+        assert state(world) == before

@@ -193,10 +193,14 @@ class World:
         """The checked batch applied to the core; its begun and ended pairs."""
         static, group, mask, sensor = settings
         bp, n = self.broadphase, len(create_ids)
-        # What undoing the batch needs, should it take the world past its pair limit.
-        moved_from = np.empty_like(move_boxes) if self.track_pairs and len(move_ids) else None
+        # What undoing the batch needs, should it take the world past its pair limit; nothing where
+        # the limit is past reach: a world of a few thousand proxies under the default limit is
+        # spared a copy of its moved boxes every tick.
+        proxies = len(bp) + n - len(destroy_ids)
+        limited = self.track_pairs and proxies * (proxies - 1) // 2 > self.max_pairs
+        moved_from = np.empty_like(move_boxes) if limited and len(move_ids) else None
         destroyed = None
-        if self.track_pairs and len(destroy_ids):
+        if limited and len(destroy_ids):
             try:
                 destroyed = (bp.get(destroy_ids), bp.settings(destroy_ids))
             except (ValueError, KeyError) as exc:
@@ -216,6 +220,11 @@ class World:
                 bp.destroy(destroy_ids)
             except (ValueError, KeyError) as exc:
                 raise _renamed(exc, "destroy") from None
+        if not limited:
+            # Not even every box touching every other would pass the limit (nor the fat boxes its
+            # FAT_PAIRS_PER_PAIR times, with room to spare for the entries found before they are
+            # merged): the update cannot be refused.
+            return bp.update()
         return self._update_within_limit(create_ids, move_ids, moved_from, destroy_ids, destroyed)
 
     def _update_within_limit(self, create_ids, move_ids, moved_from, destroy_ids, destroyed):
@@ -223,8 +232,6 @@ class World:
         ResourceExhausted. The core stops early once the fat boxes' pairs pass FAT_PAIRS_PER_PAIR
         times the limit, so that boxes piled on one spot cannot fill the memory first."""
         bp = self.broadphase
-        if not self.track_pairs:
-            return bp.update()
         try:
             begun, ended = bp.update(max_fat_pairs=FAT_PAIRS_PER_PAIR * self.max_pairs)
             if bp.pair_count <= self.max_pairs:
