@@ -259,9 +259,11 @@ cdef void run_parts(PartTask task, void *context, int parts) noexcept nogil:
 
 cdef void forget_pool() noexcept nogil:
     """In a forked child: the workers' threads were not copied, so the pool starts empty (their
-    memory is left, a few hundred bytes each)."""
-    global idle
+    memory is left, a few hundred bytes each), and so were the threads counted as working, whose
+    count would otherwise hold the child's budget spent for ever."""
+    global idle, threads_working
     idle = NULL
+    threads_working = 0
     pthread_mutex_init(&pool_lock, NULL)
 
 

@@ -131,3 +131,44 @@ def test_a_server_s_worlds_take_workers_within_its_cores(cores, on_workers):
             np.testing.assert_array_equal(got, wanted)
     finally:
         server.stop()
+
+
+def _child_parts(out) -> None:
+    structure, work = _world(threads=2)
+    with dbvt.working():
+        _, on_workers, _ = _parts_during(lambda: structure.query_aabb(_queries(work)))
+    out.send((dbvt.thread_stats()["working"], on_workers))
+    out.close()
+
+
+# From Python 3.12 a fork in a process with other threads warns; the thread working is the point here.
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+def test_a_forked_child_does_not_inherit_the_threads_working():
+    """The parent's threads working when it forks are not in the child: counted there, they would
+    leave a child with a budget of 2 no worker for ever."""
+    import multiprocessing
+
+    dbvt.set_thread_budget(2)
+    entered, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with dbvt.working():
+            entered.set()
+            release.wait(60)
+
+    holding = threading.Thread(target=hold)
+    holding.start()
+    assert entered.wait(10)
+    context = multiprocessing.get_context("fork")
+    receiver, sender = context.Pipe(duplex=False)
+    try:
+        with dbvt.working():            # the parent's count is 2 at the fork: its budget is spent
+            child = context.Process(target=_child_parts, args=(sender,))
+            child.start()
+        sender.close()
+        assert receiver.poll(120), "the forked child gave no answer"
+        assert receiver.recv() == (0, 1)
+        child.join(30)
+    finally:
+        release.set()
+        holding.join()
