@@ -7,7 +7,8 @@ import subprocess
 import pytest
 
 from dbvt_server import __version__
-from dbvt_server.config import SETTINGS, Config, parse, usable_cores
+from dbvt_server.config import SETTINGS, Config, parse
+from dbvt_server.cores import usable_cores
 from servers import NEUTRAL_DIR, server_command
 
 
@@ -29,24 +30,6 @@ def test_help_states_the_workers_rule_not_this_machines_count():
     assert "[env DBVT_CORES; default the cores this process may use: its CPU affinity, or fewer under a CPU " \
            "quota]" in text
     assert Config().workers == max(2, usable_cores()) and Config().cores == usable_cores()
-
-
-@pytest.mark.parametrize("files, cores", [
-    ({"cpu.max": "max 100000\n"}, None),
-    ({"cpu.max": "150000 100000\n"}, 2),
-    ({"cpu.max": "50000 100000\n"}, 1),
-    ({"cpu/cpu.cfs_quota_us": "100000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 1),
-    ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),
-    ({"cpu.max": "garbage"}, None),
-    ({}, None),
-])
-def test_the_usable_cores_follow_a_cpu_quota(tmp_path, files, cores):
-    """cgroup v2's cpu.max, or v1's CFS quota, rounded up; without a quota, the CPU affinity."""
-    for name, text in files.items():
-        (tmp_path / name).parent.mkdir(exist_ok=True)
-        (tmp_path / name).write_text(text)
-    affinity = len(os.sched_getaffinity(0))
-    assert usable_cores(str(tmp_path)) == (affinity if cores is None else min(cores, affinity))
 
 
 def test_a_refused_variable_is_named():

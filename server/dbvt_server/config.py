@@ -12,36 +12,7 @@ from dbvt.validation import MAX_THREADS
 from dbvt_client.batches import MESSAGE_OVERHEAD
 from dbvt_client.routing import is_dns
 from dbvt_server import __version__
-
-def usable_cores(cgroup: str = "/sys/fs/cgroup") -> int:
-    """The cores this process may keep busy: those it may run on (its CPU affinity, which
-    `docker run --cpuset-cpus` sets), fewer under a CPU quota (`docker run --cpus`, read from cgroup
-    v2's cpu.max or v1's cfs quota), rounded up; at least 1 and at most MAX_THREADS."""
-    cores = len(os.sched_getaffinity(0))
-    quota = _cpu_quota(cgroup)
-    if quota is not None:
-        cores = min(cores, math.ceil(quota))
-    return max(1, min(cores, MAX_THREADS))
-
-
-def _cpu_quota(cgroup: str) -> float | None:
-    """Cores' worth of CPU time the cgroup allows, or None without a quota (or where none can be read)."""
-    try:
-        with open(os.path.join(cgroup, "cpu.max")) as limit:
-            quota, period = limit.read().split()[:2]
-    except (OSError, ValueError):
-        try:
-            with open(os.path.join(cgroup, "cpu", "cpu.cfs_quota_us")) as quota_file, \
-                    open(os.path.join(cgroup, "cpu", "cpu.cfs_period_us")) as period_file:
-                quota, period = quota_file.read().strip(), period_file.read().strip()
-        except OSError:
-            return None
-    try:
-        allowed, every = int(quota), int(period)
-    except ValueError:
-        return None     # "max": no quota
-    return allowed / every if allowed > 0 and every > 0 else None
-
+from dbvt_server.cores import usable_cores
 
 MIB = 1 << 20
 MAX_GRPC_MESSAGE = (1 << 31) - 1
