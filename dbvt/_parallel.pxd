@@ -39,6 +39,11 @@ cdef extern from *:
     static inline int64_t dbvt_add_fetch(int64_t *count, int64_t value) {
         return __atomic_add_fetch(count, value, __ATOMIC_RELAXED);
     }
+    /* A 64-bit count that other threads change, read or set whole. */
+    static inline int64_t dbvt_load64(int64_t *count) { return __atomic_load_n(count, __ATOMIC_RELAXED); }
+    static inline void dbvt_store64(int64_t *count, int64_t value) {
+        __atomic_store_n(count, value, __ATOMIC_RELAXED);
+    }
     /* Set a 64-bit count to `desired` if it still holds *expected; else *expected is what it holds. */
     static inline int dbvt_compare_swap(int64_t *count, int64_t *expected, int64_t desired) {
         return __atomic_compare_exchange_n(count, expected, desired, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
@@ -57,6 +62,8 @@ cdef extern from *:
     void counter_set "dbvt_counter_set"(dbvt_counter *c, int value) noexcept nogil
     uint32_t fetch_or "dbvt_fetch_or"(uint32_t *word, uint32_t bits) noexcept nogil
     int64_t add_fetch "dbvt_add_fetch"(int64_t *count, int64_t value) noexcept nogil
+    int64_t load64 "dbvt_load64"(int64_t *count) noexcept nogil
+    void store64 "dbvt_store64"(int64_t *count, int64_t value) noexcept nogil
     bint compare_swap "dbvt_compare_swap"(int64_t *count, int64_t *expected, int64_t desired) noexcept nogil
     unsigned char byte_get "dbvt_byte_get"(unsigned char *byte) noexcept nogil
     void byte_set "dbvt_byte_set"(unsigned char *byte, unsigned char value) noexcept nogil

@@ -91,7 +91,8 @@ ctypedef struct Worker:             # one pooled thread, and the part it is give
 cdef pthread_mutex_t pool_lock      # guards idle
 cdef Worker *idle = NULL            # the pool: a stack, so the worker that ran last, still spinning, goes first
 
-# The budget and what counts against it, read and written by atomics only (add_fetch, compare_swap).
+# The budget and what counts against it, read and written by atomics only (load64, store64,
+# add_fetch, compare_swap): plain loads where a count is only read, as on every update().
 cdef int64_t thread_budget = 0      # at most this many threads working at once; 0, no budget
 cdef int64_t threads_working = 0    # threads inside `working`, and workers given a part
 cdef int64_t parts_on_workers = 0   # of the calls cut into parts, the parts run by a worker and those
@@ -198,8 +199,8 @@ cdef void wait_for(Worker *w) noexcept nogil:
 
 cdef bint claim_thread() noexcept nogil:
     """One more working thread, counted, if the budget has room for it."""
-    cdef int64_t budget = add_fetch(&thread_budget, 0)
-    cdef int64_t working = add_fetch(&threads_working, 0)
+    cdef int64_t budget = load64(&thread_budget)
+    cdef int64_t working = load64(&threads_working)
     while budget <= 0 or working < budget:
         if compare_swap(&threads_working, &working, working + 1):
             return True
@@ -207,10 +208,10 @@ cdef bint claim_thread() noexcept nogil:
 
 
 cdef int threads_free(int wanted) noexcept nogil:
-    cdef int64_t budget = add_fetch(&thread_budget, 0)
+    cdef int64_t budget = load64(&thread_budget)
     if budget <= 0:
         return wanted
-    return <int>max(1, min(<int64_t>wanted, 1 + budget - add_fetch(&threads_working, 0)))
+    return <int>max(1, min(<int64_t>wanted, 1 + budget - load64(&threads_working)))
 
 
 cdef Worker *budgeted_worker() noexcept nogil:
@@ -299,11 +300,9 @@ cdef bint runs_take(Runs *r, int worker, int64_t *item) noexcept nogil:
 def set_thread_budget(threads):
     """At most `threads` threads of this process work at once; 0, no budget (the default). See the
     module's text."""
-    cdef int64_t before = add_fetch(&thread_budget, 0)
     if isinstance(threads, bool) or not isinstance(threads, int) or not 0 <= threads <= MAX_THREADS:
         raise ValueError(f"the thread budget must be an int from 0 (none) to {MAX_THREADS}, not {threads!r}")
-    while not compare_swap(&thread_budget, &before, threads):
-        pass
+    store64(&thread_budget, threads)
 
 
 cdef class Working:
@@ -330,6 +329,5 @@ def working():
 def thread_stats():
     """The budget (0: none), the threads working now, and the parts ever run on workers and on
     their callers."""
-    return {"budget": add_fetch(&thread_budget, 0), "working": add_fetch(&threads_working, 0),
-            "parts_on_workers": add_fetch(&parts_on_workers, 0),
-            "parts_on_callers": add_fetch(&parts_on_callers, 0)}
+    return {"budget": load64(&thread_budget), "working": load64(&threads_working),
+            "parts_on_workers": load64(&parts_on_workers), "parts_on_callers": load64(&parts_on_callers)}

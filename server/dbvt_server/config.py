@@ -14,6 +14,8 @@ from dbvt_client.routing import is_dns
 from dbvt_server import __version__
 from dbvt_server.cores import usable_cores
 
+# Read once, at import: both defaults below are it.
+USABLE_CORES = usable_cores()
 MIB = 1 << 20
 MAX_GRPC_MESSAGE = (1 << 31) - 1
 # Every message keeps MESSAGE_OVERHEAD bytes for the fields around its rows (the SDK's batches and
@@ -48,9 +50,9 @@ class Config:
     grace_seconds: float = 10.0
     log_level: str = "INFO"
     log_format: str = "text"
-    workers: int = max(2, usable_cores())
+    workers: int = max(2, USABLE_CORES)
     threads_per_world: int = 1
-    cores: int = usable_cores()
+    cores: int = USABLE_CORES
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_client_ca: str | None = None
