@@ -8,6 +8,7 @@ from google.protobuf.message import DecodeError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dbvt_client import batches
 from dbvt_client.serialized import reader, serialized, varint
 from dbvt_proto.v1 import broadphase_pb2 as pb
 
@@ -121,3 +122,35 @@ def test_only_messages_of_bytes_strings_unsigned_fields_and_such_messages_are_re
         reader(pb.QueryNearestRequest)
     with pytest.raises(TypeError, match="RaycastRequest.mode is not read"):
         reader(pb.QueryRequest)          # the messages within are checked too
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=40), st.integers(1, 2**64 - 1), st.integers(1, 40), st.data())
+def test_a_tick_of_moves_is_written_as_the_general_path_writes_it(world, sequence, rows, data):
+    """batches.moves_request, the streamed tick's one-join message, is byte for byte what the general
+    encode, split and stream_requests write for the same batch, and what protobuf writes."""
+    ids = np.array(data.draw(st.lists(st.integers(0, 2**64 - 1), min_size=rows, max_size=rows)), np.uint64)
+    boxes = np.array(data.draw(st.lists(st.floats(width=32, allow_nan=False), min_size=6 * rows, max_size=6 * rows)),
+                     np.float32).reshape(rows, 6)
+    moves = batches.moves_alone(None, (ids, boxes), None, None, None, None, None, None)
+    assert batches.fits_one_message(moves, 1 << 22)
+    written = batches.moves_request(batches.stream_header(world), sequence, *moves)
+    (general,) = batches.stream_requests(world, sequence, batches.split(batches.encode(move=(ids, boxes)), 1 << 22))
+    assert written == general
+    message = pb.StreamBatchesRequest(world=world, sequence=sequence, narrow_ids=True,
+                                      batch=pb.Batch(move_ids=ids.astype("<u8").tobytes(), move_boxes=boxes.tobytes()))
+    assert written == message.SerializeToString()
+
+
+def test_only_a_batch_of_moves_alone_takes_the_tick_path():
+    move = (IDS, BOXES)
+    assert batches.moves_alone(None, move, None, None, None, None, None, None) is not None
+    for given in [dict(create=move), dict(destroy=IDS), dict(static=True), dict(group=2), dict(mask=1),
+                  dict(sensor="box"), dict(expected_tick=3)]:
+        arguments = {**dict(create=None, destroy=None, static=None, group=None, mask=None, sensor=None,
+                            expected_tick=None), **given}
+        assert batches.moves_alone(arguments["create"], move, arguments["destroy"], arguments["static"],
+                                   arguments["group"], arguments["mask"], arguments["sensor"],
+                                   arguments["expected_tick"]) is None, given
+    assert batches.moves_alone(None, (IDS[:0], BOXES[:0]), None, None, None, None, None, None) is None
+    assert not batches.fits_one_message((IDS, BOXES), batches.MESSAGE_OVERHEAD + IDS.nbytes + BOXES.nbytes - 1)

@@ -284,6 +284,7 @@ class AsyncBatchStream:
 
     def __init__(self, world: AsyncWorld):
         self._world = world
+        self._header = batches.stream_header(world.name)
         self._call = None
         self._reader: asyncio.Task | None = None
         self._pending: collections.deque[asyncio.Future] = collections.deque()
@@ -309,19 +310,23 @@ class AsyncBatchStream:
 
     async def submit(self, create=None, move=None, destroy=None, *, static=None, group=None,
                      mask=None, sensor=None, expected_tick: int | None = None) -> asyncio.Future:
-        ops = batches.encode(create, move, destroy, static, group, mask, sensor)
+        moves = batches.moves_alone(create, move, destroy, static, group, mask, sensor, expected_tick)
         limit = await self._world._client.max_message_bytes()
-        return await self._submit_parts(batches.split(ops, limit, expected_tick))
+        if moves is not None and batches.fits_one_message(moves, limit):
+            return await self._submit(moves, None)
+        ops = batches.encode(create, move, destroy, static, group, mask, sensor)
+        return await self._submit(None, batches.split(ops, limit, expected_tick))
 
     async def apply(self, create=None, move=None, destroy=None, *, static=None, group=None,
                     mask=None, sensor=None, expected_tick: int | None = None) -> BatchResult:
         return await (await self.submit(create, move, destroy, static=static, group=group, mask=mask,
                                         sensor=sensor, expected_tick=expected_tick))
 
-    async def _apply_parts(self, parts: list[dict]) -> BatchResult:
-        return await (await self._submit_parts(parts))
+    async def _apply_parts(self, cut: list[dict]) -> BatchResult:
+        return await (await self._submit(None, cut))
 
-    async def _submit_parts(self, parts: list[dict]) -> asyncio.Future:
+    async def _submit(self, moves: tuple | None, cut: list[dict] | None) -> asyncio.Future:
+        """Send moves alone that fit one message (`batches.moves_alone`), or the parts of any other batch."""
         if self._closed:
             raise Unavailable("the batch stream is closed")
         if self._failure is not None:
@@ -330,7 +335,11 @@ class AsyncBatchStream:
             raise Unavailable("the batch stream is not open (use `async with world.stream() as s`)")
         future = asyncio.get_running_loop().create_future()
         self._pending.append(future)
-        requests = batches.stream_requests(self._world.name, next(self._sequence), parts)
+        sequence = next(self._sequence)
+        if moves is not None:
+            requests = [batches.moves_request(self._header, sequence, *moves)]
+        else:
+            requests = batches.stream_requests(self._world.name, sequence, cut)
         self._writing = asyncio.ensure_future(written_after(self._writing, self._call.write, requests))
         # A caller cancelled meanwhile (its own timeout) leaves the batch going out whole: part of one
         # would make the server refuse the next as cutting into it, and put every later answer out of step.

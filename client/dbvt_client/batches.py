@@ -15,7 +15,7 @@ import numpy as np
 from dbvt_client import wire
 from dbvt_client.errors import DbvtError, InvalidArgument, TickMismatch, from_exception, from_refusal
 from dbvt_client.results import BatchResult
-from dbvt_client.serialized import serialized
+from dbvt_client.serialized import field_key, serialized, varint
 from dbvt_proto.v1 import broadphase_pb2 as pb
 
 DEFAULT_GROUP = 1
@@ -165,7 +165,8 @@ def split(ops: list[list[_Column]], max_message_bytes: int, expected_tick: int |
                 room = budget
                 continue
             for column in columns:
-                parts[-1][column.field] = column.values[start:start + take]
+                # Mostly the whole column fits (a tick's batch): the array itself, no view made.
+                parts[-1][column.field] = column.values if take == rows else column.values[start:start + take]
             start += take
             room -= take * row_bytes
     if expected_tick is not None:
@@ -187,12 +188,14 @@ def batch_message(part: dict) -> pb.Batch:
 
 def decode_result(result: pb.BatchResult) -> BatchResult:
     narrow = result.narrow_ids
+    # A tick's sensor events are mostly none: no call for those.
+    entered, left = result.entered, result.left
     return BatchResult(tick=result.tick,
                        begun=wire.decode_id_rows(result.begun, narrow, "begun"),
                        ended=wire.decode_id_rows(result.ended, narrow, "ended"),
                        incarnation=result.incarnation,
-                       entered=wire.decode_id_rows(result.entered, narrow, "entered"),
-                       left=wire.decode_id_rows(result.left, narrow, "left"))
+                       entered=wire.decode_id_rows(entered, narrow, "entered") if entered else np.empty((0, 2), wire.IDS),
+                       left=wire.decode_id_rows(left, narrow, "left") if left else np.empty((0, 2), wire.IDS))
 
 
 def stream_requests(world: str, sequence: int, parts: list[dict]) -> list[bytes]:
@@ -205,6 +208,44 @@ def stream_requests(world: str, sequence: int, parts: list[dict]) -> list[bytes]
             for i, part in enumerate(parts)]
 
 
+def moves_alone(create, move, destroy, static, group, mask, sensor, expected_tick) -> tuple[np.ndarray, np.ndarray] | None:
+    """A game's tick, a batch of moves alone, as its checked (ids, boxes), which `moves_request` writes
+    when they fit one message (`fits_one_message`); None for any other batch, which `encode` and
+    `split` make into messages."""
+    if (move is None or create is not None or destroy is not None or static is not None or group is not None
+            or mask is not None or sensor is not None or expected_tick is not None):
+        return None
+    move_ids, move_boxes = _ids_and_boxes(move, "move", "(ids, boxes)")
+    ids = wire.ids_array(move_ids, "move_ids")
+    return (ids, _boxes_for(ids, move_boxes, "move_boxes")) if len(ids) else None
+
+
+def fits_one_message(moves: tuple[np.ndarray, np.ndarray], max_message_bytes: int) -> bool:
+    return moves[0].nbytes + moves[1].nbytes <= max_message_bytes - MESSAGE_OVERHEAD
+
+
+def stream_header(world: str) -> bytes:
+    """What every message of `world`'s batch stream starts with: its world field."""
+    return serialized(pb.StreamBatchesRequest, world=world)
+
+
+_SEQUENCE_KEY = field_key(pb.StreamBatchesRequest, "sequence")
+_BATCH_KEY = field_key(pb.StreamBatchesRequest, "batch")
+_NARROW_IDS = field_key(pb.StreamBatchesRequest, "narrow_ids") + varint(1)
+_MOVE_IDS_KEY = field_key(pb.Batch, "move_ids")
+_MOVE_BOXES_KEY = field_key(pb.Batch, "move_boxes")
+
+
+def moves_request(header: bytes, sequence: int, ids: np.ndarray, boxes: np.ndarray) -> bytes:
+    """The message of a streamed batch of `moves_alone`, byte for byte what `stream_requests` writes
+    for it, but in one join rather than through the general serializer: a tick's encoding runs with
+    the caches cold, where each call it makes costs microseconds."""
+    ids_size, boxes_size = varint(ids.nbytes), varint(boxes.nbytes)
+    batch_size = 2 + len(ids_size) + ids.nbytes + len(boxes_size) + boxes.nbytes
+    return b"".join((header, _SEQUENCE_KEY, varint(sequence), _BATCH_KEY, varint(batch_size),
+                     _MOVE_IDS_KEY, ids_size, ids, _MOVE_BOXES_KEY, boxes_size, boxes, _NARROW_IDS))
+
+
 def stream_refusal(response: pb.StreamBatchesResponse) -> DbvtError:
     """The error a stream's batch was refused with, of the class a unary ApplyBatch would raise."""
     if response.HasField("world_tick"):
@@ -212,18 +253,25 @@ def stream_refusal(response: pb.StreamBatchesResponse) -> DbvtError:
     return from_refusal(response.status_code, response.status_message, response.world_server)
 
 
-def settle(future, response: pb.StreamBatchesResponse) -> DbvtError | None:
-    """Resolve a stream's future of a batch with its answer: the result, or the error it was refused
-    with (also returned), or the error decoding it raised. A future its caller cancelled is left as it is."""
+def outcome(response: pb.StreamBatchesResponse) -> BatchResult | DbvtError:
+    """A stream's answer to a batch: its result, or the error it was refused with, or the error
+    decoding it raised."""
     try:
         if response.status_code:
-            raise stream_refusal(response)
-        outcome = decode_result(response.result)
+            return stream_refusal(response)
+        return decode_result(response.result)
     except Exception as exc:
-        error = from_exception(exc)
-        if not future.done():
-            future.set_exception(error)
-        return error
+        return from_exception(exc)
+
+
+def settle(future, response: pb.StreamBatchesResponse) -> DbvtError | None:
+    """Resolve a stream's future of a batch with its answer (`outcome`); the error, if it is one. A
+    future its caller cancelled is left as it is."""
+    answer = outcome(response)
+    refused = isinstance(answer, DbvtError)
     if not future.done():
-        future.set_result(outcome)
-    return None
+        if refused:
+            future.set_exception(answer)
+        else:
+            future.set_result(answer)
+    return answer if refused else None

@@ -1,18 +1,14 @@
-"""The synchronous SDK: `Client`, its `World` handles and their batch streams."""
+"""The synchronous SDK: `Client` and its `World` handles (their batch streams: dbvt_client.batch_stream)."""
 from __future__ import annotations
 
-import collections
 import dataclasses
-import itertools
-import queue
-import threading
 import weakref
-from concurrent.futures import Future
 
 import numpy as np
 
-from dbvt_client import batches, parts, queries, routing, transfer, watching
-from dbvt_client.errors import DbvtError, InvalidArgument, Unavailable, WrongServer, client_closed, from_exception
+from dbvt_client import batches, queries, routing, transfer, watching
+from dbvt_client.batch_stream import BatchStream
+from dbvt_client.errors import InvalidArgument
 from dbvt_client.results import BatchResult, Crossings, Hits, NearestHits, RayHits, Snapshot, WorldInfo
 from dbvt_client.transport import Connection, GrpcTransport, local_transport
 from dbvt_proto.v1 import broadphase_pb2 as pb
@@ -298,94 +294,3 @@ class World:
         """Delete this frozen world here, its calls redirected to its destination from then on; or,
         with `cancel=True`, serve it here again (admin)."""
         self._client._transport.unary("FinishMove", pb.FinishMoveRequest(world=self.name, cancel=cancel))
-
-
-_END = object()
-
-
-class BatchStream:
-    """Batches pipelined on one bidirectional stream, answered in order.
-
-    `submit(...)` sends a batch and returns a `concurrent.futures.Future` of its `BatchResult` without
-    waiting; `apply(...)` waits. A rejected batch fails only its own future; the stream goes on.
-    """
-
-    def __init__(self, world: World):
-        self._world = world
-        self._requests: queue.SimpleQueue = queue.SimpleQueue()
-        self._pending: collections.deque[Future] = collections.deque()
-        self._sequence = itertools.count(1)
-        self._closed = False
-        # Set, under the lock, once the stream has ended: later submits fail at once with it.
-        self._failure: DbvtError | None = None
-        self._lock = threading.Lock()
-        self._cut = False
-        responses = world._client._transport.stream(iter(self._requests.get, _END), world.name)
-        self._reader = threading.Thread(target=self._read, args=(responses,), daemon=True)
-        self._reader.start()
-
-    def __enter__(self) -> "BatchStream":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def submit(self, create=None, move=None, destroy=None, *, static=None, group=None, mask=None, sensor=None,
-               expected_tick: int | None = None) -> Future:
-        ops = batches.encode(create, move, destroy, static, group, mask, sensor)
-        return self._submit_parts(batches.split(ops, self._world._client.max_message_bytes(), expected_tick))
-
-    def apply(self, create=None, move=None, destroy=None, *, static=None, group=None, mask=None, sensor=None,
-              expected_tick: int | None = None) -> BatchResult:
-        return self.submit(create, move, destroy, static=static, group=group, mask=mask, sensor=sensor,
-                           expected_tick=expected_tick).result()
-
-    def _apply_parts(self, parts: list[dict]) -> BatchResult:
-        return self._submit_parts(parts).result()
-
-    def _submit_parts(self, parts: list[dict]) -> Future:
-        future: Future = Future()
-        with self._lock:
-            if self._closed:
-                raise Unavailable("the batch stream is closed")
-            if self._failure is not None:
-                raise self._failure
-            self._pending.append(future)
-            for request in batches.stream_requests(self._world.name, next(self._sequence), parts):
-                self._requests.put(request)
-        return future
-
-    def cut(self) -> None:
-        """Its client is closing, which ends the call: what the stream had not answered fails saying so."""
-        self._cut = True
-
-    def close(self) -> None:
-        """Stop sending and wait for the answers to everything already sent."""
-        if not self._closed:
-            self._closed = True
-            self._requests.put(_END)
-            self._reader.join()
-
-    def _read(self, responses) -> None:
-        failure: DbvtError = Unavailable("the batch stream ended before answering")
-        answers = parts.StreamAnswers()
-        try:
-            for response in responses:
-                if (response := answers.whole(response)) is None:
-                    continue
-                refusal = batches.settle(self._pending.popleft(), response)
-                if isinstance(refusal, WrongServer):
-                    # The world lives elsewhere: the next stream, and every call, goes there.
-                    self._world._client._transport.remember(self._world.name, refusal)
-        except DbvtError as error:
-            failure = error
-        except Exception as exc:
-            failure = from_exception(exc)
-        if self._cut:
-            failure = client_closed()
-        with self._lock:
-            self._failure = failure
-            while self._pending:
-                future = self._pending.popleft()
-                if not future.done():
-                    future.set_exception(failure)

@@ -1,0 +1,141 @@
+"""Who reads a batch stream's answers: a tick applied alone is read by its caller, with no thread of the
+SDK's between; threads sharing a stream, some waiting on futures and some applying, each get their own
+answers in order; an ending stream fails every batch still waiting, whoever waits for it."""
+from __future__ import annotations
+
+import threading
+from concurrent import futures
+
+import grpc
+import numpy as np
+import pytest
+
+from dbvt import Broadphase
+from dbvt_client import Client, Unavailable
+from dbvt_proto.v1 import broadphase_pb2 as pb
+
+GUARD = 20  # seconds: a regression fails here instead of hanging the suite
+READER = "dbvt-batch-stream"
+
+
+def _readers() -> list[threading.Thread]:
+    return [thread for thread in threading.enumerate() if thread.name == READER]
+
+
+def test_ticks_applied_alone_are_read_by_their_caller(server):
+    rng = np.random.default_rng(5)
+    ids = np.arange(300, dtype=np.uint64)
+    low = rng.uniform(0, 20, (300, 3))
+    boxes = np.concatenate([low, low + 1], 1).astype(np.float32)
+    reference = Broadphase(dims=3, margin=0.05)
+    with Client(server.target) as client:
+        world = client.create_world("read-by-caller", dims=3, margin=0.05)
+        already = len(_readers())
+        with world.stream() as stream:
+            for step in range(20):
+                if step == 0:
+                    result = stream.apply(create=(ids, boxes))
+                    reference.create(ids, boxes)
+                else:
+                    moved = ids[rng.random(300) < 0.3]
+                    low = rng.uniform(0, 20, (len(moved), 3))
+                    moved_boxes = np.concatenate([low, low + 1], 1).astype(np.float32)
+                    result = stream.apply(move=(moved, moved_boxes))
+                    reference.move(moved, moved_boxes)
+                begun, ended = reference.update()
+                assert result.tick == step + 1
+                assert np.array_equal(result.begun, begun) and np.array_equal(result.ended, ended)
+            assert len(_readers()) == already, "a stream only applied to needs no reader thread"
+        client.delete_world(world.name)
+
+
+def test_threads_sharing_a_stream_each_get_their_own_answers(server):
+    """Each batch creates one proxy on an anchor of its own: its answer's one begun pair names it."""
+    threads, batches = 4, 30
+    anchors = np.arange(threads * batches, dtype=np.uint64)
+    low = np.stack([anchors * 10.0, np.zeros(len(anchors)), np.zeros(len(anchors))], 1)
+    anchor_boxes = np.concatenate([low, low + 1], 1).astype(np.float32)
+    answers: dict[int, list] = {}
+    with Client(server.target) as client:
+        world = client.create_world("shared-stream", dims=3, margin=0.0)
+        with world.stream() as stream:
+            stream.apply(create=(anchors, anchor_boxes))
+
+            def run(thread: int) -> None:
+                mine = []
+                for number in range(batches):
+                    anchor = thread * batches + number
+                    create = (np.array([1000 + anchor], np.uint64), anchor_boxes[anchor:anchor + 1] + 0.5)
+                    if number % 3 == 2:
+                        mine.append((anchor, stream.apply(create=create)))
+                    else:
+                        mine.append((anchor, stream.submit(create=create)))
+                answers[thread] = [(anchor, got if not isinstance(got, futures.Future) else got.result(GUARD))
+                                   for anchor, got in mine]
+
+            workers = [threading.Thread(target=run, args=(thread,)) for thread in range(threads)]
+            for worker in workers:
+                worker.start()
+            for worker in workers:
+                worker.join(GUARD)
+            assert not any(worker.is_alive() for worker in workers)
+        client.delete_world(world.name)
+    ticks = []
+    for thread, got in answers.items():
+        for anchor, result in got:
+            assert result.begun.tolist() == [[anchor, 1000 + anchor]], "an answer went to another batch"
+            ticks.append(result.tick)
+        assert [result.tick for _, result in got] == sorted(result.tick for _, result in got)
+    assert sorted(ticks) == list(range(2, threads * batches + 2))
+
+
+class EndsAfterOneAnswer:
+    """A peer that answers the first batch of a stream and then ends the call."""
+
+    def __init__(self):
+        self.server = grpc.server(futures.ThreadPoolExecutor(2))
+        handler = grpc.stream_stream_rpc_method_handler(
+            self._answer, request_deserializer=pb.StreamBatchesRequest.FromString,
+            response_serializer=pb.StreamBatchesResponse.SerializeToString)
+        self.server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler("dbvt.v1.BroadphaseService", {"StreamBatches": handler}),))
+        self.target = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
+        self.sent = threading.Event()
+        self.server.start()
+
+    def _answer(self, requests, context):
+        for request in requests:
+            # The others are sent before the first is answered, so that they wait for answers never given.
+            assert self.sent.wait(GUARD)
+            yield pb.StreamBatchesResponse(sequence=request.sequence, result=pb.BatchResult(tick=1))
+            return
+
+
+def test_an_ending_stream_fails_every_waiting_batch_whoever_waits():
+    peer = EndsAfterOneAnswer()
+    try:
+        with Client(peer.target) as client:
+            client._max_message_bytes = 1 << 20     # the peer has no GetServerInfo
+            with client.world("w").stream() as stream:
+                first = stream.submit(destroy=[1])
+                second = stream.submit(destroy=[2])
+                failed = []
+
+                def apply() -> None:
+                    try:
+                        stream.apply(destroy=[3])
+                    except Unavailable as exc:
+                        failed.append(exc)
+
+                applying = threading.Thread(target=apply)
+                applying.start()
+                peer.sent.set()
+                assert first.result(GUARD).tick == 1
+                with pytest.raises(Unavailable, match="ended before answering"):
+                    second.result(GUARD)
+                applying.join(GUARD)
+                assert [str(exc) for exc in failed] == ["the batch stream ended before answering"]
+                with pytest.raises(Unavailable, match="ended before answering"):
+                    stream.submit(destroy=[4])
+    finally:
+        peer.server.stop(0)
