@@ -3,6 +3,7 @@ different worlds run at once and take turns, cancelled operations are dropped, f
 and operations accepted while the pool shuts down still run."""
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from concurrent.futures import CancelledError, ThreadPoolExecutor, wait
@@ -125,3 +126,43 @@ def test_operations_accepted_while_the_pool_shuts_down_still_run():
     late = queue.submit(recorder.operation, "late")
     assert late.result(0) == "late", "after shutdown, an operation runs in the caller's thread"
     assert recorder.order == ["first", "second", "late"]
+
+
+def test_operations_started_from_an_event_loop_keep_the_order_cancels_and_failures():
+    """start() is submit() for the event loop: its asyncio futures take their turns among submit()'s,
+    one cancelled before its turn is dropped, and a failure reaches the awaiting coroutine."""
+    recorder = Recorder()
+    release = threading.Event()
+
+    async def main(queue: WorldQueue):
+        first = queue.submit(recorder.operation, "first", release)
+        started = queue.start(recorder.operation, "started")
+        dropped = queue.start(recorder.operation, "dropped")
+        failing = queue.start(int, "not a number")
+        last = queue.submit(recorder.operation, "last")
+        dropped.cancel()
+        release.set()
+        assert await started == "started"
+        with pytest.raises(ValueError, match="not a number"):
+            await failing
+        assert dropped.cancelled()
+        assert await asyncio.wrap_future(last) == "last" and first.result(0) == "first"
+
+    with ThreadPoolExecutor(2) as pool:
+        asyncio.run(main(WorldQueue(pool)))
+    assert recorder.order == ["first", "started", "last"]
+
+
+def test_an_operation_whose_loop_has_closed_still_lets_the_world_go_on():
+    recorder = Recorder()
+    release = threading.Event()
+    with ThreadPoolExecutor(1) as pool:
+        queue = WorldQueue(pool)
+
+        async def abandon():
+            queue.start(recorder.operation, "abandoned", release)
+
+        asyncio.run(abandon())
+        release.set()
+        assert queue.submit(recorder.operation, "next").result(30) == "next"
+    assert recorder.order == ["abandoned", "next"]

@@ -28,6 +28,7 @@ from dbvt_server._result_bytes import stream_answer
 from dbvt_server.access import by_whom
 from dbvt_server.decoding import bytes_or, decoded, tolerant
 from dbvt_server.image_rpcs import ImageRpcs
+from dbvt_server.in_flight import END, InFlight
 from dbvt_server.logs import Rejections, shown
 from dbvt_server.memory import give_back
 from dbvt_server.move_rpcs import MoveRpcs
@@ -117,7 +118,7 @@ class BroadphaseServicer(ImageRpcs, SensorRpcs, MoveRpcs, QueryStreamRpcs, pb_gr
             function = _timed(function)
         if deadline is not None:
             function = _unless_late(function, deadline)
-        return asyncio.wrap_future(queue.submit(function, world, request))
+        return queue.start(function, world, request)
 
     def _queue(self, world: World) -> WorldQueue:
         queue = self._queues.get(world)
@@ -315,12 +316,12 @@ class BroadphaseServicer(ImageRpcs, SensorRpcs, MoveRpcs, QueryStreamRpcs, pb_gr
         of the world idling between batches. At most STREAM_READ_AHEAD batches wait for their answers,
         so a fast writer cannot make the server hold more.
         """
-        answers: asyncio.Queue = asyncio.Queue()
-        window = asyncio.Semaphore(STREAM_READ_AHEAD)
-        reader = asyncio.create_task(self._start_batches(request_iterator, answers, window))
+        in_flight = InFlight(STREAM_READ_AHEAD)
+        reader = asyncio.create_task(self._start_batches(request_iterator, in_flight))
+        max_bytes = self._max_message_bytes
         self.open_streams += 1
         try:
-            while (answer := await answers.get()) is not None:
+            while (answer := await in_flight.take()) is not END:
                 sequence, world, outcome = answer
                 try:
                     applied = await outcome
@@ -329,10 +330,14 @@ class BroadphaseServicer(ImageRpcs, SensorRpcs, MoveRpcs, QueryStreamRpcs, pb_gr
                     self._count_streamed_batch(error.code)
                     yield stream_error(sequence, error)
                 else:
-                    self._count_streamed_batch(grpc.StatusCode.OK)
-                    for response in _stream_parts(sequence, applied, self._max_message_bytes):
-                        yield response
-                window.release()
+                    if self.metrics is not None:
+                        self.metrics.count_streamed_batch(grpc.StatusCode.OK)
+                    if len(applied) <= max_bytes - parts.PART_OVERHEAD:
+                        yield applied
+                    else:
+                        for response in _answer_cut(sequence, applied, max_bytes):
+                            yield response
+                in_flight.answered()
             try:
                 await reader
             except DbvtError as exc:
@@ -341,10 +346,12 @@ class BroadphaseServicer(ImageRpcs, SensorRpcs, MoveRpcs, QueryStreamRpcs, pb_gr
         finally:
             self.open_streams -= 1
             reader.cancel()
-            await _settle(reader, answers)
+            # After a stream ends early (client gone, shutdown): the batches already started finish, so
+            # that no world is left half-way through one, and their answers are dropped.
+            await asyncio.gather(reader, *(outcome for _, _, outcome in in_flight.left()), return_exceptions=True)
 
-    async def _start_batches(self, request_iterator, answers: asyncio.Queue, window: asyncio.Semaphore) -> None:
-        """Each complete batch of the stream, started on its world, queued with its sequence number."""
+    async def _start_batches(self, request_iterator, in_flight: InFlight) -> None:
+        """Each complete batch of the stream, started on its world, added with its sequence number."""
         staging = BatchStaging(self.service.limits.max_proxies_per_world, self.service.staged)
         try:
             async for request in request_iterator:
@@ -352,22 +359,21 @@ class BroadphaseServicer(ImageRpcs, SensorRpcs, MoveRpcs, QueryStreamRpcs, pb_gr
                 try:
                     batch = staging.add(request)
                 except Exception as exc:
-                    await window.acquire()
-                    answers.put_nowait((request.sequence, request.world, failed(exc)))
+                    await in_flight.room()
+                    in_flight.add((request.sequence, request.world, failed(exc)))
                     continue
                 if batch is not None:
-                    await window.acquire()
-                    answers.put_nowait((request.sequence, request.world,
-                                        self._start_batch(request.world, request.sequence, batch,
-                                                          request.narrow_ids)))
+                    await in_flight.room()
+                    in_flight.add((request.sequence, request.world,
+                                   self._start_batch(request.world, request.sequence, batch, request.narrow_ids)))
             # The client closed its side with a batch half sent: that batch is answered, not forgotten.
             unfinished = staging.unfinished()
             if unfinished is not None:
-                await window.acquire()
-                answers.put_nowait((unfinished[1], unfinished[0], failed(unfinished_error(unfinished))))
+                await in_flight.room()
+                in_flight.add((unfinished[1], unfinished[0], failed(unfinished_error(unfinished))))
         finally:
             staging.unfinished()
-            answers.put_nowait(None)
+            in_flight.end()
 
     def _count_streamed_batch(self, code: grpc.StatusCode) -> None:
         if self.metrics is not None:
@@ -404,12 +410,9 @@ def _unless_late(function, deadline: float):
 STREAM_READ_AHEAD = 4
 
 
-def _stream_parts(sequence: int, answer: bytes, max_bytes: int):
-    """A batch's answer, serialized whole on the world's thread (`stream_answer`), as the stream's
-    messages: itself, or its result cut into parts."""
-    if len(answer) <= max_bytes - parts.PART_OVERHEAD:
-        yield answer
-        return
+def _answer_cut(sequence: int, answer: bytes, max_bytes: int):
+    """A batch's answer, serialized whole on the world's thread (`stream_answer`) but past the message
+    size, as messages each holding a part of its result."""
     result = pb.StreamBatchesResponse.FromString(answer).result
     pieces = list(parts.cut(result, max_bytes - parts.PART_OVERHEAD))
     for number, piece in enumerate(pieces, 1):
@@ -444,17 +447,6 @@ def _cut(answer, message_class, max_bytes: int):
 # Answers cut from their message, not serialized first: a world's image mostly needs several parts.
 CUT_AS_MESSAGES = {"ExportWorld"}
 
-
-
-async def _settle(reader: asyncio.Task, answers: asyncio.Queue) -> None:
-    """After a stream ends early (client gone, shutdown): let batches already started finish, so that no
-    world is left half-way through one, and drop their answers."""
-    pending = [reader]
-    while not answers.empty():
-        answer = answers.get_nowait()
-        if answer is not None:
-            pending.append(answer[-1])
-    await asyncio.gather(*pending, return_exceptions=True)
 
 
 def add_to_server(servicer: BroadphaseServicer, server: grpc.aio.Server) -> None:

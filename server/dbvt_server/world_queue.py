@@ -7,6 +7,9 @@ world waits for a thread of the pool (or the turn has run TURN_SECONDS), the wor
 after each operation instead, so that busy worlds share the threads fairly; alone, it keeps its
 thread, which saves waking another (and the caches it would start cold).
 
+The event loop queues its calls with `start()`, whose asyncio future the world's thread settles on the
+loop; threads use `submit()`'s concurrent.futures.Future.
+
 An operation on several worlds (the overlap of two) holds each still with `hold()`, in a fixed order
 of worlds, and runs once all are held: a held world runs nothing until `release()`, and no thread
 waits meanwhile, so holds cannot starve the pool.
@@ -60,7 +63,7 @@ class WorldQueue:
         self._max_queued = max_queued
         self._busy = busy
         self._lock = threading.Lock()
-        self._jobs: collections.deque[tuple[Future, Callable, tuple]] = collections.deque()
+        self._jobs: collections.deque[tuple[Future | asyncio.Future, Callable, tuple]] = collections.deque()
         # Whether a turn of this world is on the pool (queued or running): then it takes new jobs too.
         self._in_line = False
 
@@ -83,16 +86,27 @@ class WorldQueue:
         Raises ResourceExhausted when `max_queued` operations are already waiting.
         """
         job: Future = Future()
+        self._add(job, function, args)
+        return job
+
+    def start(self, function: Callable, *args) -> asyncio.Future:
+        """`submit()` for the event loop: the asyncio future of `function(*args)`, settled on the loop
+        that called. Wrapping submit()'s future would make a second future and a chain between them,
+        which cost a tick about twenty Python calls with the caches cold."""
+        job = asyncio.Future()
+        self._add(job, function, args)
+        return job
+
+    def _add(self, job: Future | asyncio.Future, function: Callable, args: tuple) -> None:
         with self._lock:
             if len(self._jobs) >= self._max_queued:
                 raise ResourceExhausted(f"{self._busy}: {len(self._jobs)} operations are queued on it, the most "
                                         "the server queues (--max-queued-per-world); try again when it has caught up")
             self._jobs.append((job, function, args))
             if self._in_line:
-                return job
+                return
             self._in_line = True
         self._get_in_line()
-        return job
 
     @property
     def depth(self) -> int:
@@ -130,21 +144,46 @@ class WorldQueue:
                     self._in_line = False
                     return False
                 job, function, args = self._jobs.popleft()
-            if job.set_running_or_notify_cancel():
-                break
+            # An asyncio future is only read here: it is cancelled (and settled) on its loop.
+            if job.cancelled() if type(job) is asyncio.Future else not job.set_running_or_notify_cancel():
+                continue
+            break
         if function is _HOLD:
             # The turn ends here and the world stays in line, so that nothing else runs until release().
             job.set_result(None)
             return False
         try:
-            job.set_result(function(*args))
+            result, error = function(*args), None
         except BaseException as exc:
-            job.set_exception(exc)
+            result, error = None, exc
+        if type(job) is asyncio.Future:
+            _settle_on_loop(job, result, error)
+        elif error is None:
+            job.set_result(result)
+        else:
+            job.set_exception(error)
         with self._lock:
             if self._jobs:
                 return True
             self._in_line = False
             return False
+
+
+def _settle_on_loop(job: asyncio.Future, result, error: BaseException | None) -> None:
+    try:
+        job.get_loop().call_soon_threadsafe(_settle, job, result, error)
+    except RuntimeError:
+        pass    # the loop has closed: no one waits for the answer
+
+
+def _settle(job: asyncio.Future, result, error: BaseException | None) -> None:
+    """On the job's loop: its answer, unless it was cancelled meanwhile."""
+    if job.done():
+        return
+    if error is None:
+        job.set_result(result)
+    else:
+        job.set_exception(error)
 
 
 def _HOLD() -> None:

@@ -149,11 +149,13 @@ class World:
 
     def _checked_apply(self, batch: pb.Batch) -> tuple[np.ndarray, np.ndarray]:
         dims, bp = self.dims, self.broadphase
-        create_ids = self._ids(batch.create_ids, "create_ids")
-        move_ids = self._ids(batch.move_ids, "move_ids")
-        destroy_ids = self._ids(batch.destroy_ids, "destroy_ids")
+        # Most batches leave two of the three operations empty (a tick only moves): no call for those.
+        create_ids = self._ids(data, "create_ids") if (data := batch.create_ids) else NO_IDS
+        move_ids = self._ids(data, "move_ids") if (data := batch.move_ids) else NO_IDS
+        destroy_ids = self._ids(data, "destroy_ids") if (data := batch.destroy_ids) else NO_IDS
         n = len(create_ids)
-        create_boxes = self._floats(batch.create_boxes, (n, 2 * dims), "create_boxes")
+        create_boxes = (self._floats(data, (n, 2 * dims), "create_boxes") if (data := batch.create_boxes) or n
+                        else np.empty((0, 2 * dims), wire.FLOATS))
         move_boxes = self._floats(batch.move_boxes, (len(move_ids), 2 * dims), "move_boxes")
         static = wire.decode(batch.create_static, wire.FLAGS, (n,), "create_static") if batch.create_static else False
         group = wire.decode(batch.create_group, wire.BITS, (n,), "create_group") if batch.create_group else 1
@@ -198,7 +200,7 @@ class World:
         # spared a copy of its moved boxes every tick.
         proxies = len(bp) + n - len(destroy_ids)
         limited = self.track_pairs and proxies * (proxies - 1) // 2 > self.max_pairs
-        moved_from = np.empty_like(move_boxes) if limited and len(move_ids) else None
+        moved_from = np.empty(move_boxes.shape, move_boxes.dtype) if limited and len(move_ids) else None
         destroyed = None
         if limited and len(destroy_ids):
             try:
@@ -256,9 +258,6 @@ class World:
 
     @staticmethod
     def _ids(data: bytes, name: str) -> np.ndarray:
-        if not data:
-            # Most batches leave two of the three id columns empty: no numpy call for those.
-            return NO_IDS
         if len(data) % wire.IDS.itemsize:
             raise InvalidArgument(f"{name} has {len(data)} bytes, not a whole number of uint64 ids")
         return np.frombuffer(data, dtype=wire.IDS)
