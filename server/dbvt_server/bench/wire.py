@@ -11,8 +11,8 @@ tick-by-tick figure stand two controls: bare gRPC with the same message sizes an
 (dbvt_server.bench.floor, measured after each run, so that the time beyond it pairs with the run's),
 the in-process step taken after its thread has slept as long as a world thread does between ticks,
 and the same steps through a bare grpc.aio server whose thread makes the same dbvt calls, each
-step paired with the same step through the server on a new world, PAIRED_PASSES passes over the
-steps. Move-only ingest streams every
+step paired with the same step through the server, on PAIRED_WORLDS new pairs of worlds, PAIRED_STEPS
+steps each. Move-only ingest streams every
 step's moves again, all pipelined, to a query-only world (track_pairs=False, so nothing comes back
 but the tick) that has seen every step once before. The box queries and the ingest are timed in pairs, a call or pass through the
 server and the same in process back to back (alternately first), and a run's ratio is the median of
@@ -70,10 +70,12 @@ def fresh_world(client: Client, name: str, track_pairs: bool = True):
 INGEST_PAIRS = 5
 # Pairs of box-query calls per run; also the calls dbvt_server.bench.paired takes the median of.
 QUERY_CALLS = 5
-# Passes over the steps that pair them with the bare server's: a pair's difference ranges over several
-# ms (each side's step wakes to caches the other's left cold), and the median of one pass of W1's 30
-# pairs moved by more than a millisecond from run to run.
-PAIRED_PASSES = 3
+# Pairs of new worlds, one on each server, whose steps are paired with each other's, and the steps of
+# each pair: a pair's difference ranges over several ms (each side's step wakes to caches the other's
+# left cold), and one pair of worlds runs its steps faster or slower than another by up to half a
+# millisecond (dbvt_server.bench.floor.paired_steps): many pairs of worlds, each few steps.
+PAIRED_WORLDS = 10
+PAIRED_STEPS = 15
 # Batches in flight when steps are streamed ahead: a game loop sends tick t+1 before reading tick t.
 STEPS_AHEAD = 2
 # Tick by tick, a world's thread sleeps for the round trip between steps; a sleeping thread wakes to
@@ -267,20 +269,24 @@ def wire_floor(work: Workload, wire: dict, local: dict) -> float:
 
 
 def beside_same_calls(client: Client, work: Workload) -> dict:
-    """The W1 steps tick by tick on a new world, PAIRED_PASSES times over, each paired with the same
-    step through a bare grpc.aio server making the same dbvt calls (dbvt_server.bench.floor.paired_steps):
-    the medians of the bare server's steps and of each step's time beyond it, and the quartiles of the
-    latter."""
-    world = fresh_world(client, "dbvt-bench-paired")
-    world.apply(create=(work.ids, work.boxes))
-    move_ids, move_boxes = list(work.move_ids) * PAIRED_PASSES, list(work.move_boxes) * PAIRED_PASSES
-    with world.stream() as stream:
-        served, bare = bench_floor.paired_steps(
-            lambda step: stream.apply(move=(move_ids[step], move_boxes[step])), work.boxes, move_ids, move_boxes)
-    client.delete_world(world.name)
+    """The first PAIRED_STEPS W1 steps tick by tick on a new world, PAIRED_WORLDS times, each step paired
+    with the same step through a bare grpc.aio server making the same dbvt calls on a new world of its
+    own (dbvt_server.bench.floor.paired_steps): the medians of the bare server's steps and of each
+    step's time beyond it, and the quartiles of the latter."""
+    steps = min(work.steps, PAIRED_STEPS)
+
+    def passes():
+        for _ in range(PAIRED_WORLDS):
+            world = fresh_world(client, "dbvt-bench-paired")
+            world.apply(create=(work.ids, work.boxes))
+            with world.stream() as stream:
+                yield lambda step: stream.apply(move=(work.move_ids[step], work.move_boxes[step]))
+            client.delete_world(world.name)
+
+    served, bare = bench_floor.paired_steps(passes(), work.boxes, work.move_ids[:steps], work.move_boxes[:steps])
     beyond = statistics.quantiles([s - b for s, b in zip(served, bare)], n=4)
     return dict(same_calls=statistics.median(bare), beyond_same_calls=beyond[1],
-                beyond_quartiles=(beyond[0], beyond[2]))
+                beyond_quartiles=(beyond[0], beyond[2]), paired_steps=len(served))
 
 
 def spread(values: list[float], digits: int = 2) -> str:
@@ -362,7 +368,7 @@ def report(work: Workload, wire: list[dict], local: list[dict]) -> list[str]:
         f"{'  bare gRPC making the same dbvt calls, ms':40}{median_of(wire, 'same_calls') * 1e3:14.2f}"
         "  (the same W1 steps, each paired with one through the server)",
         f"{'  the step beyond it, ms':40}{median_of(wire, 'beyond_same_calls') * 1e3:14.2f}"
-        f"  (median of {PAIRED_PASSES * work.steps} pairs a run: what the service adds; quartiles "
+        f"  (median of {wire[0]['paired_steps']} pairs a run, {PAIRED_WORLDS} pairs of worlds: what the service adds; quartiles "
         + ", ".join(f"{w['beyond_quartiles'][0] * 1e3:.2f} to {w['beyond_quartiles'][1] * 1e3:.2f}" for w in wire) + ")",
         row(f"streamed step, {STEPS_AHEAD} ticks in flight, ms", "ahead", 1e3, 2),
         f"{'  the same, M moves/s with pair changes':40}{moves / median_of(wire, 'ahead') / 1e6:14.2f}"
