@@ -121,12 +121,10 @@ class GrpcTransport:
         return call, call.cancel
 
     def stream(self, requests: Iterable[bytes], world: str) -> Iterator[pb.StreamBatchesResponse]:
-        """A batch stream of `world` (a routed client picks the server by it)."""
+        """A batch stream of `world` (a routed client picks the server by it), its call started now:
+        the first batch does not wait for the call to be set up."""
         self._stub_if_open()
-        try:
-            yield from self._stream_batches(iter(requests), metadata=self._metadata)
-        except grpc.RpcError as error:
-            raise from_stream_status(error.code(), error.details()) from None
+        return _stream_statuses(self._stream_batches(iter(requests), metadata=self._metadata))
 
     def close(self) -> None:
         self._closed = True
@@ -148,3 +146,11 @@ def local_transport(asynchronous: bool, max_worlds: int, max_proxies_per_world: 
                           f"distribution: pip install dbvt-server ({exc})") from exc
     made = local.AsyncLocalTransport if asynchronous else local.LocalTransport
     return made(max_worlds, max_proxies_per_world)
+
+
+def _stream_statuses(responses) -> Iterator[pb.StreamBatchesResponse]:
+    """A batch stream's answers, and the status it ended with as the SDK's error."""
+    try:
+        yield from responses
+    except grpc.RpcError as error:
+        raise from_stream_status(error.code(), error.details()) from None
