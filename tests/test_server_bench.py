@@ -41,7 +41,7 @@ def test_wire_bench_makes_its_w1_data_and_runs(capsys):
         assert len(server_lines) == 2 and not any("n/a" in line for line in server_lines)
     assert "pair counts after every step match the oracle's expected.json" in out.out
     # Each of the steps (4 here) paired on every one of the new pairs of worlds.
-    assert "(median of 40 pairs a run, 10 pairs of worlds: what the service adds;" in out.out
+    assert "(median of 30 pairs a run, 10 pairs of worlds: what the service adds;" in out.out
     # Each wire target of issue 17, as the issue states it, with its median, range and verdict.
     for target in ("streamed step, 2 ticks in flight, x in-process",
                    "tick by tick, beyond in-process and bare gRPC, ms",

@@ -269,11 +269,11 @@ def wire_floor(work: Workload, wire: dict, local: dict) -> float:
 
 
 def beside_same_calls(client: Client, work: Workload) -> dict:
-    """The first PAIRED_STEPS W1 steps tick by tick on a new world, PAIRED_WORLDS times, each step paired
-    with the same step through a bare grpc.aio server making the same dbvt calls on a new world of its
-    own (dbvt_server.bench.floor.paired_steps): the medians of the bare server's steps and of each
-    step's time beyond it, and the quartiles of the latter."""
-    steps = min(work.steps, PAIRED_STEPS)
+    """W1's steps after its first, PAIRED_STEPS of them, tick by tick on a new world, PAIRED_WORLDS
+    times, each step paired with the same step through a bare grpc.aio server making the same dbvt
+    calls on a new world of its own (dbvt_server.bench.floor.paired_steps): the medians of the bare
+    server's steps and of each step's time beyond it, and the quartiles of the latter."""
+    steps = min(work.steps, PAIRED_STEPS + 1)
 
     def passes():
         for _ in range(PAIRED_WORLDS):
