@@ -30,12 +30,13 @@ def columns(draw) -> dict:
 
 
 @settings(max_examples=300, deadline=None)
-@given(columns(), st.integers(0, U64), st.integers(0, U64), st.booleans())
-def test_the_bytes_are_the_generated_message_of_the_same_columns(rows, tick, incarnation, narrow_allowed):
-    expected = pb.BatchResult(tick=tick, incarnation=incarnation,
+@given(columns(), st.integers(0, U64), st.integers(0, U64), st.booleans(),
+       st.one_of(st.just(0.0), st.floats(0, 1e9, exclude_min=True)))
+def test_the_bytes_are_the_generated_message_of_the_same_columns(rows, tick, incarnation, narrow_allowed, seconds):
+    expected = pb.BatchResult(tick=tick, incarnation=incarnation, world_seconds=seconds,
                               **message_fields(id_columns(narrow_allowed, **rows))).SerializeToString()
     assert batch_result(tick, incarnation, rows["begun"], rows["ended"], rows["entered"], rows["left"],
-                        narrow_allowed) == expected
+                        narrow_allowed, seconds) == expected
 
 
 def test_a_tick_of_many_pairs_narrows_only_when_every_id_fits():

@@ -4,6 +4,7 @@ answers in order; an ending stream fails every batch still waiting, whoever wait
 from __future__ import annotations
 
 import threading
+import time
 from concurrent import futures
 
 import grpc
@@ -139,3 +140,21 @@ def test_an_ending_stream_fails_every_waiting_batch_whoever_waits():
                     stream.submit(destroy=[4])
     finally:
         peer.server.stop(0)
+
+
+def test_a_result_says_how_long_the_broadphase_took_within_the_round_trip(client):
+    """world_seconds: the core's part of a batch, on every path (unary, stream, in-process)."""
+    rng = np.random.default_rng(9)
+    low = rng.uniform(0, 50, (2000, 3))
+    ids, boxes = np.arange(2000, dtype=np.uint64), np.concatenate([low, low + 1], 1).astype(np.float32)
+    world = client.create_world("timed", dims=3)
+    started = time.perf_counter()
+    created = world.apply(create=(ids, boxes))
+    assert 0 < created.world_seconds < time.perf_counter() - started
+    with world.stream() as stream:
+        for _ in range(3):
+            started = time.perf_counter()
+            moved = stream.apply(move=(ids, boxes + 0.5))
+            assert 0 < moved.world_seconds < time.perf_counter() - started
+    again = world.apply()
+    assert again.world_seconds < created.world_seconds, "an empty batch is a cheap update"

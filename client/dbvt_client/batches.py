@@ -195,7 +195,8 @@ def decode_result(result: pb.BatchResult) -> BatchResult:
                        ended=wire.decode_id_rows(result.ended, narrow, "ended"),
                        incarnation=result.incarnation,
                        entered=wire.decode_id_rows(entered, narrow, "entered") if entered else np.empty((0, 2), wire.IDS),
-                       left=wire.decode_id_rows(left, narrow, "left") if left else np.empty((0, 2), wire.IDS))
+                       left=wire.decode_id_rows(left, narrow, "left") if left else np.empty((0, 2), wire.IDS),
+                       world_seconds=result.world_seconds)
 
 
 def stream_requests(world: str, sequence: int, parts: list[dict]) -> list[bytes]:

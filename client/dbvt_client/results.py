@@ -16,7 +16,9 @@ class BatchResult:
 
     `begun` and `ended` are (m, 2) uint64 arrays of rows (a, b), a < b, sorted. `incarnation` is the
     world's (see `WorldInfo`). `entered` and `left` are the tick's sensor events: (m, 2) uint64 rows
-    `[sensor, proxy]`, sorted.
+    `[sensor, proxy]`, sorted. `world_seconds` is how long the world's broadphase took over the batch
+    on the server (its creates, moves, destroys and update): the round trip minus it is what the
+    service and the network added. Two results of the same batch are equal whatever their timings.
     """
 
     tick: int
@@ -25,6 +27,7 @@ class BatchResult:
     incarnation: int = 0
     entered: np.ndarray = field(default_factory=_no_rows)
     left: np.ndarray = field(default_factory=_no_rows)
+    world_seconds: float = field(default=0.0, compare=False)
 
 
 class _Answer(tuple):

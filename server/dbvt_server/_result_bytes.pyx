@@ -2,7 +2,7 @@
 """A batch's answer, serialized in one pass over its pairs, and the stream's message around it.
 
 A streamed tick's answer is a `BatchResult`: the tick, the pairs that began and ended, the sensor
-events, each column narrowed to 32-bit ids when the request allows it and every id of the four fits
+events and the seconds the broadphase took, each column narrowed to 32-bit ids when the request allows it and every id of the four fits
 (the rule of `dbvt_server.worlds.id_columns`). Made with numpy and `dbvt_client.serialized`, that is
 four reductions, four casts and a join: about 200 us a tick once the caches have gone cold between
 ticks, against the core's few ms. Here it is one call: the ids are scanned once for their width and
@@ -15,7 +15,7 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from libc.stdint cimport uint8_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 
-# BatchResult's fields: number << 3 | wire type (0 varint, 2 length-delimited).
+# BatchResult's fields: number << 3 | wire type (0 varint, 1 fixed 64 bits, 2 length-delimited).
 cdef enum:
     TICK_KEY = 1 << 3
     BEGUN_KEY = 2 << 3 | 2
@@ -24,6 +24,7 @@ cdef enum:
     ENTERED_KEY = 5 << 3 | 2
     LEFT_KEY = 6 << 3 | 2
     NARROW_IDS_KEY = 7 << 3
+    WORLD_SECONDS_KEY = 8 << 3 | 1
 
 # The largest id a narrowed column holds.
 cdef uint64_t NARROW_MAX = 0xFFFFFFFF
@@ -94,10 +95,21 @@ cdef uint8_t *put_column(uint8_t *out, uint8_t key, const uint64_t[:, ::1] rows,
     return out
 
 
+cdef inline void put_double(uint8_t *out, double value) noexcept nogil:
+    """`value`'s IEEE 754 bits, least significant byte first (the wire's order, whatever this machine's)."""
+    cdef uint64_t bits
+    cdef int i
+    memcpy(&bits, &value, 8)
+    for i in range(8):
+        out[i] = (bits >> (8 * i)) & 0xFF
+
+
 def batch_result(uint64_t tick, uint64_t incarnation, const uint64_t[:, ::1] begun, const uint64_t[:, ::1] ended,
-                 const uint64_t[:, ::1] entered, const uint64_t[:, ::1] left, bint narrow_allowed) -> bytes:
+                 const uint64_t[:, ::1] entered, const uint64_t[:, ::1] left, bint narrow_allowed,
+                 double world_seconds=0.0) -> bytes:
     """The serialized BatchResult of a tick: its pair changes and sensor events as `(m, 2)` uint64
-    rows, in 32 bits when `narrow_allowed` and every id of the four fits."""
+    rows, in 32 bits when `narrow_allowed` and every id of the four fits, and the seconds its
+    broadphase took."""
     # All of it holding the GIL: a tick's answer is tens of microseconds of work, and letting the GIL
     # go would only let the event loop take it first, and the world's thread wait to get it back.
     cdef bint narrow = narrow_allowed and fits_narrow(begun) and fits_narrow(ended) and fits_narrow(entered) \
@@ -106,7 +118,7 @@ def batch_result(uint64_t tick, uint64_t incarnation, const uint64_t[:, ::1] beg
                              + column_size(begun.shape[0] * 2, narrow) + column_size(ended.shape[0] * 2, narrow)
                              + (1 + varint_size(incarnation) if incarnation else 0)
                              + column_size(entered.shape[0] * 2, narrow) + column_size(left.shape[0] * 2, narrow)
-                             + (2 if narrow else 0))
+                             + (2 if narrow else 0) + (9 if world_seconds != 0 else 0))
     cdef bytes result = PyBytes_FromStringAndSize(NULL, total)
     cdef uint8_t *out = <uint8_t *>PyBytes_AS_STRING(result)
     if tick:
@@ -122,7 +134,12 @@ def batch_result(uint64_t tick, uint64_t incarnation, const uint64_t[:, ::1] beg
     if narrow:
         out[0] = NARROW_IDS_KEY
         out[1] = 1
+        out += 2
+    if world_seconds != 0:
+        out[0] = WORLD_SECONDS_KEY
+        put_double(out + 1, world_seconds)
     return result
+
 
 
 # StreamBatchesResponse's fields that carry a batch's answer.

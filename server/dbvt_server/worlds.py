@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 
 import numpy as np
 
@@ -138,16 +139,17 @@ class World:
             raise TickMismatch(f"world {quoted(self.name)} is at tick {self.tick} (incarnation {self.incarnation}), "
                                f"not at the expected tick {batch.expected_tick}; nothing of the batch was applied",
                                self.tick, self.incarnation)
-        begun, ended = self._checked_apply(batch)
+        begun, ended, seconds = self._checked_apply(batch)
         entered, left = self.broadphase.sensor_events()
         self.tick += 1
         if self.files is not None:
             self.files.applied(self)
         if self.feed is not None:
             self.feed.publish(self.tick, entered, left)
-        return batch_result(self.tick, self.incarnation, begun, ended, entered, left, narrow_ids)
+        return batch_result(self.tick, self.incarnation, begun, ended, entered, left, narrow_ids, seconds)
 
-    def _checked_apply(self, batch: pb.Batch) -> tuple[np.ndarray, np.ndarray]:
+    def _checked_apply(self, batch: pb.Batch) -> tuple[np.ndarray, np.ndarray, float]:
+        """The batch checked and applied: its begun and ended pairs, and the seconds the core took."""
         dims, bp = self.dims, self.broadphase
         # Most batches leave two of the three operations empty (a tick only moves): no call for those.
         create_ids = self._ids(data, "create_ids") if (data := batch.create_ids) else NO_IDS
@@ -183,13 +185,15 @@ class World:
                 f"more than its limit of {self.max_proxies}")
         if self.files is not None:
             self.files.append(self, batch)
+        started = time.perf_counter()
         try:
-            return self._changed(create_ids, create_boxes, (static, group, mask, sensor), move_ids, move_boxes,
-                                 destroy_ids)
+            begun, ended = self._changed(create_ids, create_boxes, (static, group, mask, sensor), move_ids,
+                                         move_boxes, destroy_ids)
         except BaseException:
             if self.files is not None:
                 self.files.take_back()
             raise
+        return begun, ended, time.perf_counter() - started
 
     def _changed(self, create_ids, create_boxes, settings, move_ids, move_boxes, destroy_ids):
         """The checked batch applied to the core; its begun and ended pairs."""

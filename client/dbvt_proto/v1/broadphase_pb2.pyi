@@ -525,6 +525,7 @@ class BatchResult(_message.Message):
     ENTERED_FIELD_NUMBER: _builtins.int
     LEFT_FIELD_NUMBER: _builtins.int
     NARROW_IDS_FIELD_NUMBER: _builtins.int
+    WORLD_SECONDS_FIELD_NUMBER: _builtins.int
     tick: _builtins.int
     begun: _builtins.bytes
     ended: _builtins.bytes
@@ -536,6 +537,11 @@ class BatchResult(_message.Message):
     """Set when the batch's request allowed it and every id in the result is below 2^32: begun,
     ended, entered and left are then uint32 <u4 rows, half the bytes. Unset, uint64 <u8.
     """
+    world_seconds: _builtins.float
+    """Seconds the world's broadphase took over the batch on the server: its creates, moves and
+    destroys and the update that found the pairs. The checks, the answer, the queue and the wire
+    are not in it: a round trip minus this is what the service and the network added.
+    """
     def __init__(
         self,
         *,
@@ -546,10 +552,11 @@ class BatchResult(_message.Message):
         entered: _builtins.bytes = ...,
         left: _builtins.bytes = ...,
         narrow_ids: _builtins.bool = ...,
+        world_seconds: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["begun", b"begun", "ended", b"ended", "entered", b"entered", "incarnation", b"incarnation", "left", b"left", "narrow_ids", b"narrow_ids", "tick", b"tick"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["begun", b"begun", "ended", b"ended", "entered", b"entered", "incarnation", b"incarnation", "left", b"left", "narrow_ids", b"narrow_ids", "tick", b"tick", "world_seconds", b"world_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
