@@ -27,6 +27,7 @@ def test_wire_bench_makes_its_w1_data_and_runs(capsys):
     assert "N=3000, 4 steps of 300 moves" in out.out
     for figure in ("streamed step, tick by tick", "bare gRPC, same sizes and work",
                    "bare gRPC making the same dbvt calls", "the step beyond it", "streamed step, 2 ticks in flight",
+                   "the broadphase itself, ms", "the rest beyond bare gRPC, ms", "around the dbvt calls, beyond it, ms",
                    "on the query stream, x a unary call", "1 box query, ms",
                    "M moves/s with pair changes",
                    "move-only ingest (query-only world)",
@@ -41,10 +42,10 @@ def test_wire_bench_makes_its_w1_data_and_runs(capsys):
         assert len(server_lines) == 2 and not any("n/a" in line for line in server_lines)
     assert "pair counts after every step match the oracle's expected.json" in out.out
     # Each of the steps (4 here) paired on every one of the new pairs of worlds.
-    assert "(median of 30 pairs a run, 10 pairs of worlds: what the service adds;" in out.out
+    assert "(median of 30 pairs a run, 10 pairs of worlds; quartiles" in out.out
     # Each wire target of issue 17, as the issue states it, with its median, range and verdict.
     for target in ("streamed step, 2 ticks in flight, x in-process",
-                   "tick by tick, beyond in-process and bare gRPC, ms",
+                   "tick by tick, beyond its broadphase and bare gRPC, ms",
                    "the same beyond bare gRPC making the same calls, ms",
                    "move-only ingest, x in-process throughput", "box queries in one call, x in-process",
                    "two busy worlds, query calls: scaling, x in-process scaling",

@@ -43,6 +43,8 @@ STEPS_METHOD = FLOOR + "Steps"
 MOVE_BYTES = 8 + 6 * 4
 # A request: seconds to work (float64) and bytes to answer (uint32), then padding to its size.
 HEADER = struct.Struct("<dI")
+# What ends a step's answer: the seconds the bare server's dbvt calls took.
+WORK_SECONDS = struct.Struct("<d")
 ROUNDS = 40
 WARM_UP = 5
 
@@ -75,13 +77,17 @@ class _Stepper:
         return b""
 
     def step(self, moves: bytes) -> bytes:
+        """The step's pair changes, then the seconds its dbvt calls took (float64, WORK_SECONDS), as
+        dbvt-server's answer carries world_seconds."""
         count = len(moves) // MOVE_BYTES
         ids = np.frombuffer(moves, "<u8", count)
         boxes = np.frombuffer(moves, "<f4", 6 * count, 8 * count).reshape(count, 6)
+        started = time.perf_counter()
         self.broadphase.move(ids, boxes)
         begun, ended = self.broadphase.update()
+        seconds = time.perf_counter() - started
         # W1's ids fit in 32 bits, and dbvt-server sends them so (narrow_ids) to the SDK.
-        return begun.astype("<u4").tobytes() + ended.astype("<u4").tobytes()
+        return begun.astype("<u4").tobytes() + ended.astype("<u4").tobytes() + WORK_SECONDS.pack(seconds)
 
     def query(self, boxes: bytes) -> bytes:
         """The hits of each float32 box, as QueryAabb answers them: int64 offsets, then 32-bit ids."""
@@ -178,36 +184,38 @@ def floor(work_seconds: float, request_bytes: int, answer_bytes: int, rounds: in
 
 
 def paired_steps(passes: Iterable[Callable[[int], object]], boxes: np.ndarray, move_ids: np.ndarray,
-                 move_boxes: np.ndarray) -> tuple[list[float], list[float]]:
-    """Seconds of each W1 step, tick by tick, through each pass's `apply_step(step)` (a dbvt-server
-    stream on a world of its own) and through the bare server making the same dbvt calls on a world of
-    its own, made for the pass: the two sent one after the other, alternately first.
+                 move_boxes: np.ndarray) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+    """Each W1 step, tick by tick, through each pass's `apply_step(step)` (a dbvt-server stream on a
+    world of its own, answering a BatchResult) and through the bare server making the same dbvt calls
+    on a world of its own, made for the pass: the two sent one after the other, alternately first. For
+    each side, each step's seconds and those its dbvt calls took (world_seconds; the bare server's own).
 
     Pairing step by step cancels the machine's drift, which moves a run's median step by more than the
-    difference. It does not cancel the worlds themselves: one world's steps run faster than another's
-    made the same way (their memory lies elsewhere). In an A/A pair, two dbvt-servers stepped this
-    way, the median difference of a pair of worlds' 28 W1 steps ranged from -0.96 to +0.69 ms over 18
-    pairs of worlds, and that of the dbvt calls alone from -0.76 to +0.58 ms. So each pass pairs two
-    new worlds, and the figure is taken over all the passes' steps but their first. Each world's thread rests while the other steps, so both steps start colder
-    than tick by tick alone: the difference is the figure. The bare server's messages are made
-    beforehand, as the busy-waiting floor's are, so the difference includes the SDK's encoding of each
-    step."""
-    def timed(send) -> float:
+    difference. It does not cancel the worlds themselves: one world's dbvt calls run faster than
+    another's made the same way (their memory lies elsewhere), and a step's calls vary by
+    milliseconds. In an A/A pair, two dbvt-servers stepped this way, the median difference of a pair
+    of worlds' 28 W1 steps ranged from -0.96 to +0.69 ms over 18 pairs of worlds, and that of the
+    dbvt calls alone from -0.76 to +0.58 ms. So each side's time for its dbvt calls, which each side
+    measures around them, is what a caller subtracts to compare the rest; and each pass pairs two new
+    worlds, its first step left out. Each world's thread rests while the other steps, so both steps
+    start colder than tick by tick alone. The bare server's messages are made beforehand, as the
+    busy-waiting floor's are, so the difference includes the SDK's encoding of each step."""
+    def timed(send, work) -> tuple[float, float]:
         started = time.perf_counter()
-        send()
-        return time.perf_counter() - started
+        answer = send()
+        return time.perf_counter() - started, work(answer)
 
     messages = [step_message(ids, rows) for ids, rows in zip(move_ids, move_boxes)]
-    served: list[float] = []
-    bare: list[float] = []
+    served: list[tuple[float, float]] = []
+    bare: list[tuple[float, float]] = []
     with _bare_channel() as channel:
         for apply_step in passes:
             requests: queue.SimpleQueue = queue.SimpleQueue()
             answers = channel.stream_stream(STEPS_METHOD)(iter(requests.get, None))
 
-            def bare_step(message: bytes) -> None:
+            def bare_step(message: bytes) -> bytes:
                 requests.put(message)
-                next(answers)
+                return next(answers)
 
             # The stream's world: made by its first message.
             bare_step(boxes.astype("<f4").tobytes())
@@ -218,14 +226,22 @@ def paired_steps(passes: Iterable[Callable[[int], object]], boxes: np.ndarray, m
             bare_step(messages[0])
             for step, message in enumerate(messages[1:], 1):
                 if len(served) % 2:
-                    bare.append(timed(lambda: bare_step(message)))
-                    served.append(timed(lambda: apply_step(step)))
+                    bare.append(timed(lambda: bare_step(message), _work_seconds))
+                    served.append(timed(lambda: apply_step(step), _world_seconds))
                 else:
-                    served.append(timed(lambda: apply_step(step)))
-                    bare.append(timed(lambda: bare_step(message)))
+                    served.append(timed(lambda: apply_step(step), _world_seconds))
+                    bare.append(timed(lambda: bare_step(message), _work_seconds))
             requests.put(None)
             list(answers)
     return served, bare
+
+
+def _work_seconds(answer: bytes) -> float:
+    return WORK_SECONDS.unpack_from(answer, len(answer) - WORK_SECONDS.size)[0]
+
+
+def _world_seconds(result) -> float:
+    return result.world_seconds
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--serve"]:
