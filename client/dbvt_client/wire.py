@@ -94,21 +94,16 @@ def decode(data: bytes, dtype: np.dtype, shape: tuple[int, ...], name: str) -> n
     return np.frombuffer(data, dtype=dtype).reshape(shape)
 
 
-def decode_rows(data: bytes, dtype: np.dtype, width: int, name: str) -> np.ndarray:
-    """Rows of `width` values whose count the data itself gives (results, not requests)."""
-    if len(data) % (dtype.itemsize * width):
-        raise InvalidArgument(f"{name} has {len(data)} bytes, not whole rows of {width} {dtype.name}")
-    return np.frombuffer(data, dtype=dtype).reshape(-1, width)
-
-
 def decode_id_rows(data: bytes, narrow: bool, name: str) -> np.ndarray:
     """Rows of two ids (pairs, or [sensor, proxy]) as a uint64 array of the caller's own, whatever width
     they came in."""
     if not data:
         # Most of a tick's columns (its sensor events) are empty: one numpy call instead of three.
         return np.empty((0, 2), IDS)
-    rows = decode_rows(data, NARROW_IDS if narrow else IDS, 2, name)
-    return rows.astype(IDS)
+    dtype = NARROW_IDS if narrow else IDS
+    if len(data) % (2 * dtype.itemsize):
+        raise InvalidArgument(f"{name} has {len(data)} bytes, not whole rows of 2 {dtype.name}")
+    return np.frombuffer(data, dtype=dtype).reshape(-1, 2).astype(IDS)
 
 
 def decode_csr(offsets: bytes, hits: bytes, count: int, narrow: bool = False) -> tuple[np.ndarray, np.ndarray]:
