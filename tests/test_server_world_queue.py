@@ -1,15 +1,17 @@
-"""WorldQueue, on real thread pools: one world's operations run one at a time in submission order,
-different worlds run at once and take turns, cancelled operations are dropped, failures are reported,
-and operations accepted while the pool shuts down still run."""
+"""WorldQueue, on the world threads (WorldPool): one world's operations run one at a time in
+submission order, different worlds run at once and take turns, cancelled operations are dropped,
+failures are reported, and operations accepted while the pool shuts down still run. And the pool
+itself: its threads, its order, what a failing task leaves, and its shutdown."""
 from __future__ import annotations
 
 import asyncio
 import threading
 import time
-from concurrent.futures import CancelledError, ThreadPoolExecutor, wait
+from concurrent.futures import CancelledError, wait
 
 import pytest
 
+from dbvt_server.world_pool import WorldPool
 from dbvt_server.world_queue import WorldQueue
 
 
@@ -38,7 +40,7 @@ class Recorder:
 
 def test_one_world_runs_its_operations_one_at_a_time_in_order():
     recorder = Recorder()
-    with ThreadPoolExecutor(4) as pool:
+    with WorldPool(4) as pool:
         queue = WorldQueue(pool)
         futures = [queue.submit(recorder.operation, i, None, 0.001) for i in range(100)]
         assert [f.result(30) for f in futures] == list(range(100))
@@ -49,7 +51,7 @@ def test_one_world_runs_its_operations_one_at_a_time_in_order():
 def test_two_worlds_run_at_once():
     """World a's operation can only finish once world b's has run, so a queue serializing both would hang."""
     b_ran = threading.Event()
-    with ThreadPoolExecutor(2) as pool:
+    with WorldPool(2) as pool:
         a, b = WorldQueue(pool), WorldQueue(pool)
         waiting = a.submit(b_ran.wait, 30)
         b.submit(b_ran.set).result(30)
@@ -59,7 +61,7 @@ def test_two_worlds_run_at_once():
 def test_busy_worlds_take_turns_on_one_thread():
     recorder = Recorder()
     release = threading.Event()
-    with ThreadPoolExecutor(1) as pool:
+    with WorldPool(1) as pool:
         a, b = WorldQueue(pool), WorldQueue(pool)
         first = a.submit(recorder.operation, "a0", release)
         rest = [queue.submit(recorder.operation, f"{name}{i}")
@@ -69,14 +71,14 @@ def test_busy_worlds_take_turns_on_one_thread():
     assert recorder.order == ["a0", "b1", "a1", "b2", "a2", "b3", "a3"]
 
 
-class CountingPool(ThreadPoolExecutor):
-    """A thread pool that counts what is given to it."""
+class CountingPool(WorldPool):
+    """The world threads, counting the tasks posted to them."""
 
-    submitted = 0
+    posted = 0
 
-    def submit(self, *args, **kwargs):
-        self.submitted += 1
-        return super().submit(*args, **kwargs)
+    def post(self, task):
+        self.posted += 1
+        return super().post(task)
 
 
 def test_a_busy_world_alone_keeps_its_thread():
@@ -88,13 +90,13 @@ def test_a_busy_world_alone_keeps_its_thread():
         rest = [queue.submit(time.sleep, 0.001) for _ in range(20)]
         release.set()
         wait([first, *rest], 30)
-        assert pool.submitted == 1
+        assert pool.posted == 1
 
 
 def test_cancelled_operations_are_dropped_and_failures_reported():
     recorder = Recorder()
     release = threading.Event()
-    with ThreadPoolExecutor(2) as pool:
+    with WorldPool(2) as pool:
         queue = WorldQueue(pool)
         running = queue.submit(recorder.operation, "running", release)
         dropped = queue.submit(recorder.operation, "dropped")
@@ -114,7 +116,7 @@ def test_cancelled_operations_are_dropped_and_failures_reported():
 def test_operations_accepted_while_the_pool_shuts_down_still_run():
     recorder = Recorder()
     release = threading.Event()
-    pool = ThreadPoolExecutor(1)
+    pool = WorldPool(1)
     queue = WorldQueue(pool)
     first = queue.submit(recorder.operation, "first", release)
     second = queue.submit(recorder.operation, "second")
@@ -148,7 +150,7 @@ def test_operations_started_from_an_event_loop_keep_the_order_cancels_and_failur
         assert dropped.cancelled()
         assert await asyncio.wrap_future(last) == "last" and first.result(0) == "first"
 
-    with ThreadPoolExecutor(2) as pool:
+    with WorldPool(2) as pool:
         asyncio.run(main(WorldQueue(pool)))
     assert recorder.order == ["first", "started", "last"]
 
@@ -156,7 +158,7 @@ def test_operations_started_from_an_event_loop_keep_the_order_cancels_and_failur
 def test_an_operation_whose_loop_has_closed_still_lets_the_world_go_on():
     recorder = Recorder()
     release = threading.Event()
-    with ThreadPoolExecutor(1) as pool:
+    with WorldPool(1) as pool:
         queue = WorldQueue(pool)
 
         async def abandon():
@@ -166,3 +168,41 @@ def test_an_operation_whose_loop_has_closed_still_lets_the_world_go_on():
         release.set()
         assert queue.submit(recorder.operation, "next").result(30) == "next"
     assert recorder.order == ["abandoned", "next"]
+
+
+def test_the_world_threads_run_posted_tasks_in_order_and_outlive_a_failing_one(caplog):
+    ran = []
+    with WorldPool(1, "test-world") as pool:
+        pool.post(lambda: ran.append(threading.current_thread().name))
+        pool.post(lambda: 1 / 0)
+        pool.post(lambda: ran.append("after"))
+        assert pool.submit(len, "abc").result(30) == 3
+        with pytest.raises(ZeroDivisionError):
+            pool.submit(lambda: 1 / 0).result(30)
+
+        async def in_executor():
+            return await asyncio.get_running_loop().run_in_executor(pool, sum, [1, 2])
+
+        assert asyncio.run(in_executor()) == 3
+    assert ran == ["test-world_0", "after"]
+    assert "a task on the world threads failed" in caplog.text and "ZeroDivisionError" in caplog.text
+
+
+def test_the_world_threads_finish_what_was_posted_and_then_refuse():
+    release = threading.Event()
+    ran = []
+    pool = WorldPool(2)
+    pool.post(lambda: release.wait(30))
+    for number in range(5):
+        pool.post(lambda number=number: ran.append(number))
+    closing = threading.Thread(target=pool.shutdown)
+    closing.start()
+    with pytest.raises(RuntimeError, match="shut down"):
+        for _ in range(1000):
+            pool.post(lambda: ran.append("late"))
+            time.sleep(0.001)
+    release.set()
+    closing.join(30)
+    assert not closing.is_alive() and sorted(ran) == list(range(5))
+    with pytest.raises(RuntimeError, match="shut down"):
+        pool.submit(len, "a")

@@ -8,7 +8,6 @@ import signal
 import socket
 import stat
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import grpc
@@ -26,6 +25,7 @@ from dbvt_server.replicas import RESOLVE_SECONDS, Replicas
 from dbvt_server.service import Limits, Service
 from dbvt_server.servicer import BroadphaseServicer, add_to_server
 from dbvt_server.tls import ServerTls
+from dbvt_server.world_pool import WorldPool
 
 log = logging.getLogger("dbvt_server")
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["BroadphaseService"].full_name
@@ -47,7 +47,7 @@ class Running:
     # The first TCP port listened on (0 with Unix sockets alone), and every address as bound.
     port: int
     health: health.aio.HealthServicer
-    executor: ThreadPoolExecutor
+    executor: WorldPool
     rejections: Rejections
     servicer: BroadphaseServicer
     tls: ServerTls | None = None
@@ -140,7 +140,7 @@ async def create_server(config: Config) -> Running:
         _restore(service)
     # Process-wide: every world's calls share the cores (dbvt._parallel), whichever server runs them.
     dbvt.set_thread_budget(config.cores)
-    executor = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="dbvt-world")
+    executor = WorldPool(config.workers)
     servicer = BroadphaseServicer(service, executor, rejections)
     interceptors = []
     if config.metrics_address:

@@ -14,7 +14,6 @@ import functools
 import logging
 import time
 import weakref
-from concurrent.futures import Executor
 
 import grpc
 
@@ -36,6 +35,7 @@ from dbvt_server.query_stream import QUERY_KINDS, QueryStreamRpcs
 from dbvt_server.sensor_rpcs import SensorRpcs
 from dbvt_server.service import ANSWER_TYPES, Service
 from dbvt_server.staging import BatchStaging, QuerySet, stream_error, unfinished_error
+from dbvt_server.world_pool import WorldPool
 from dbvt_server.world_queue import WorldQueue, failed
 from dbvt_server.worlds import WORLD_RPCS, World, overlap
 
@@ -66,7 +66,7 @@ def _timed(function):
 
 
 class BroadphaseServicer(ImageRpcs, SensorRpcs, MoveRpcs, QueryStreamRpcs, pb_grpc.BroadphaseServiceServicer):
-    def __init__(self, service: Service, executor: Executor, rejections: Rejections):
+    def __init__(self, service: Service, executor: WorldPool, rejections: Rejections):
         self.service = service
         # Batch streams open now (on the event loop's thread only).
         self.open_streams = 0

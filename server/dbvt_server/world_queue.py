@@ -21,11 +21,12 @@ import collections
 import threading
 import time
 import weakref
-from concurrent.futures import Executor, Future
+from concurrent.futures import Future
 from typing import Callable
 
 import dbvt
 from dbvt_client.errors import ResourceExhausted
+from dbvt_server.world_pool import WorldPool
 
 
 # The longest a world keeps a thread of the pool, operation after operation, while no other world
@@ -43,22 +44,22 @@ class _Line:
 
 
 # Each pool's line, shared by the queues of all the worlds it runs.
-_LINES: weakref.WeakKeyDictionary[Executor, _Line] = weakref.WeakKeyDictionary()
+_LINES: weakref.WeakKeyDictionary[WorldPool, _Line] = weakref.WeakKeyDictionary()
 _LINES_LOCK = threading.Lock()
 
 
-def _line_of(executor: Executor) -> _Line:
+def _line_of(pool: WorldPool) -> _Line:
     with _LINES_LOCK:
-        line = _LINES.get(executor)
+        line = _LINES.get(pool)
         if line is None:
-            line = _LINES[executor] = _Line()
+            line = _LINES[pool] = _Line()
         return line
 
 
 class WorldQueue:
-    def __init__(self, executor: Executor, max_queued: int = 2**62, busy: str = "the world is busy"):
-        self._executor = executor
-        self._line = _line_of(executor)
+    def __init__(self, pool: WorldPool, max_queued: int = 2**62, busy: str = "the world is busy"):
+        self._pool = pool
+        self._line = _line_of(pool)
         # Past this many operations waiting, submit refuses at once: memory never grows with a backlog.
         self._max_queued = max_queued
         self._busy = busy
@@ -117,7 +118,7 @@ class WorldQueue:
         with self._line.lock:
             self._line.waiting += 1
         try:
-            self._executor.submit(self._turn)
+            self._pool.post(self._turn)
         except RuntimeError:
             with self._line.lock:
                 self._line.waiting -= 1
