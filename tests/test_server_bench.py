@@ -28,6 +28,7 @@ def test_wire_bench_makes_its_w1_data_and_runs(capsys):
     for figure in ("streamed step, tick by tick", "bare gRPC, same sizes and work",
                    "bare gRPC making the same dbvt calls", "the step beyond it", "streamed step, 2 ticks in flight",
                    "the broadphase itself, ms", "the rest beyond bare gRPC, ms", "around the dbvt calls, beyond it, ms",
+                   "the bare step around its calls, ms",
                    "on the query stream, x a unary call", "1 box query, ms",
                    "M moves/s with pair changes",
                    "move-only ingest (query-only world)",

@@ -294,7 +294,8 @@ def beside_same_calls(client: Client, work: Workload) -> dict:
     around = [(s - s_calls) - (b - b_calls) for (s, s_calls), (b, b_calls) in zip(served, bare)]
     return dict(same_calls=statistics.median(b for b, _ in bare), beyond_same_calls=beyond[1],
                 beyond_quartiles=(beyond[0], beyond[2]), paired_steps=len(served),
-                around_same_calls=statistics.median(around))
+                around_same_calls=statistics.median(around),
+                bare_around=statistics.median(b - b_calls for b, b_calls in bare))
 
 
 def spread(values: list[float], digits: int = 2) -> str:
@@ -386,6 +387,9 @@ def report(work: Workload, wire: list[dict], local: list[dict]) -> list[str]:
         + ", ".join(f"{w['beyond_quartiles'][0] * 1e3:.2f} to {w['beyond_quartiles'][1] * 1e3:.2f}" for w in wire) + ")",
         f"{'  around the dbvt calls, beyond it, ms':40}{median_of(wire, 'around_same_calls') * 1e3:14.2f}"
         "  (each side's own time in its dbvt calls taken out: what the service adds)",
+        f"{'  the bare step around its calls, ms':40}"
+        f"{statistics.median((w['bare_around'] - w['floor']) * 1e3 for w in wire):14.2f}"
+        "  (beyond the floor: what a bare server pays for real work, which a busy wait does not)",
         row(f"streamed step, {STEPS_AHEAD} ticks in flight, ms", "ahead", 1e3, 2),
         f"{'  the same, M moves/s with pair changes':40}{moves / median_of(wire, 'ahead') / 1e6:14.2f}"
         f"{moves / median_of(local, 'ahead') / 1e6:12.2f}",
