@@ -16,6 +16,11 @@ import tempfile
 import threading
 import time
 
+from concurrent import futures
+
+import grpc
+
+from dbvt_proto.v1 import broadphase_pb2 as pb
 from dbvt_server.app import create_server
 from dbvt_server.config import Config
 
@@ -24,6 +29,24 @@ LISTENING = re.compile(r"listening on (\S+):(\d+)")
 OWN_LINE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR) dbvt_server: ")
 # Children run outside the repository, so that `python -m` imports the installed packages, not ./dbvt.
 NEUTRAL_DIR = tempfile.gettempdir()
+
+
+@contextlib.contextmanager
+def batch_stream_peer(answer):
+    """A gRPC server on 127.0.0.1 serving StreamBatches alone, with `answer(requests, context)` (a
+    generator of StreamBatchesResponse): a peer that speaks the protocol its own way. Its target."""
+    server = grpc.server(futures.ThreadPoolExecutor(2))
+    handler = grpc.stream_stream_rpc_method_handler(
+        answer, request_deserializer=pb.StreamBatchesRequest.FromString,
+        response_serializer=pb.StreamBatchesResponse.SerializeToString)
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler("dbvt.v1.BroadphaseService", {"StreamBatches": handler}),))
+    target = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+    server.start()
+    try:
+        yield target
+    finally:
+        server.stop(None)
 
 
 def wait_until(condition, guard: float = 20.0) -> None:

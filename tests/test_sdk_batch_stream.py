@@ -7,13 +7,13 @@ import threading
 import time
 from concurrent import futures
 
-import grpc
 import numpy as np
 import pytest
 
 from dbvt import Broadphase
 from dbvt_client import Client, Unavailable
 from dbvt_proto.v1 import broadphase_pb2 as pb
+from servers import batch_stream_peer
 
 GUARD = 20  # seconds: a regression fails here instead of hanging the suite
 READER = "dbvt-batch-stream"
@@ -90,56 +90,39 @@ def test_threads_sharing_a_stream_each_get_their_own_answers(server):
     assert sorted(ticks) == list(range(2, threads * batches + 2))
 
 
-class EndsAfterOneAnswer:
-    """A peer that answers the first batch of a stream and then ends the call."""
+def test_an_ending_stream_fails_every_waiting_batch_whoever_waits():
+    """A peer answers the first batch and ends the call; the others were sent before it answered."""
+    sent = threading.Event()
 
-    def __init__(self):
-        self.server = grpc.server(futures.ThreadPoolExecutor(2))
-        handler = grpc.stream_stream_rpc_method_handler(
-            self._answer, request_deserializer=pb.StreamBatchesRequest.FromString,
-            response_serializer=pb.StreamBatchesResponse.SerializeToString)
-        self.server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler("dbvt.v1.BroadphaseService", {"StreamBatches": handler}),))
-        self.target = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
-        self.sent = threading.Event()
-        self.server.start()
-
-    def _answer(self, requests, context):
+    def answer_one(requests, context):
         for request in requests:
-            # The others are sent before the first is answered, so that they wait for answers never given.
-            assert self.sent.wait(GUARD)
+            assert sent.wait(GUARD)
             yield pb.StreamBatchesResponse(sequence=request.sequence, result=pb.BatchResult(tick=1))
             return
 
+    with batch_stream_peer(answer_one) as target, Client(target) as client:
+        client._max_message_bytes = 1 << 20     # the peer has no GetServerInfo
+        with client.world("w").stream() as stream:
+            first = stream.submit(destroy=[1])
+            second = stream.submit(destroy=[2])
+            failed = []
 
-def test_an_ending_stream_fails_every_waiting_batch_whoever_waits():
-    peer = EndsAfterOneAnswer()
-    try:
-        with Client(peer.target) as client:
-            client._max_message_bytes = 1 << 20     # the peer has no GetServerInfo
-            with client.world("w").stream() as stream:
-                first = stream.submit(destroy=[1])
-                second = stream.submit(destroy=[2])
-                failed = []
+            def apply() -> None:
+                try:
+                    stream.apply(destroy=[3])
+                except Unavailable as exc:
+                    failed.append(exc)
 
-                def apply() -> None:
-                    try:
-                        stream.apply(destroy=[3])
-                    except Unavailable as exc:
-                        failed.append(exc)
-
-                applying = threading.Thread(target=apply)
-                applying.start()
-                peer.sent.set()
-                assert first.result(GUARD).tick == 1
-                with pytest.raises(Unavailable, match="ended before answering"):
-                    second.result(GUARD)
-                applying.join(GUARD)
-                assert [str(exc) for exc in failed] == ["the batch stream ended before answering"]
-                with pytest.raises(Unavailable, match="ended before answering"):
-                    stream.submit(destroy=[4])
-    finally:
-        peer.server.stop(0)
+            applying = threading.Thread(target=apply)
+            applying.start()
+            sent.set()
+            assert first.result(GUARD).tick == 1
+            with pytest.raises(Unavailable, match="ended before answering"):
+                second.result(GUARD)
+            applying.join(GUARD)
+            assert [str(exc) for exc in failed] == ["the batch stream ended before answering"]
+            with pytest.raises(Unavailable, match="ended before answering"):
+                stream.submit(destroy=[4])
 
 
 def test_a_result_says_how_long_the_broadphase_took_within_the_round_trip(client):

@@ -6,15 +6,13 @@ import asyncio
 import queue
 import threading
 import time
-from concurrent import futures
 
-import grpc
 import numpy as np
 import pytest
 
 from dbvt_client import AsyncClient, Client, Create, DbvtError, InvalidArgument, Unavailable
 from dbvt_proto.v1 import broadphase_pb2 as pb
-from servers import async_client
+from servers import async_client, batch_stream_peer
 
 GUARD = 20  # seconds: a regression fails here instead of hanging the suite
 BOXES = np.array([[0, 0, 0, 1, 1, 1], [0.5, 0.5, 0.5, 2, 2, 2]], np.float32)
@@ -29,39 +27,22 @@ def many_boxes() -> tuple[np.ndarray, np.ndarray]:
     return np.arange(MANY, dtype=np.uint64), np.concatenate([low, low + 1], 1).astype(np.float32)
 
 
-class WrongAnswers:
+def wrong_answers(requests, context):
     """A peer that speaks the protocol wrongly: its answer to the first batch has a begun column of
     7 bytes, which no batch result can have; the second is a proper answer."""
-
-    def __init__(self):
-        self.server = grpc.server(futures.ThreadPoolExecutor(2))
-        handler = grpc.stream_stream_rpc_method_handler(
-            self._answer, request_deserializer=pb.StreamBatchesRequest.FromString,
-            response_serializer=pb.StreamBatchesResponse.SerializeToString)
-        self.server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler("dbvt.v1.BroadphaseService", {"StreamBatches": handler}),))
-        self.target = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
-        self.server.start()
-
-    def _answer(self, requests, context):
-        for number, request in enumerate(requests):
-            begun = b"1234567" if number == 0 else b""
-            yield pb.StreamBatchesResponse(sequence=request.sequence, result=pb.BatchResult(tick=number + 1,
-                                                                                              begun=begun))
+    for number, request in enumerate(requests):
+        begun = b"1234567" if number == 0 else b""
+        yield pb.StreamBatchesResponse(sequence=request.sequence, result=pb.BatchResult(tick=number + 1, begun=begun))
 
 
 def test_an_answer_that_cannot_be_decoded_fails_its_batch_not_the_caller():
-    peer = WrongAnswers()
-    try:
-        with Client(peer.target) as client:
-            client._max_message_bytes = 1 << 20     # the peer has no GetServerInfo
-            with client.world("w").stream() as stream:
-                first = stream.submit(destroy=[1])
-                with pytest.raises(InvalidArgument, match="begun"):
-                    first.result(GUARD)
-                assert stream.submit(destroy=[2]).result(GUARD).tick == 2
-    finally:
-        peer.server.stop(None)
+    with batch_stream_peer(wrong_answers) as target, Client(target) as client:
+        client._max_message_bytes = 1 << 20     # the peer has no GetServerInfo
+        with client.world("w").stream() as stream:
+            first = stream.submit(destroy=[1])
+            with pytest.raises(InvalidArgument, match="begun"):
+                first.result(GUARD)
+            assert stream.submit(destroy=[2]).result(GUARD).tick == 2
 
 
 def test_closing_the_client_under_an_open_stream_resolves_its_batches(server):
