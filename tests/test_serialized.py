@@ -145,12 +145,12 @@ def test_a_tick_of_moves_is_written_as_the_general_path_writes_it(world, sequenc
 def test_only_a_batch_of_moves_alone_takes_the_tick_path():
     move = (IDS, BOXES)
     assert batches.moves_alone(None, move, None, None, None, None, None, None) is not None
-    for given in [dict(create=move), dict(destroy=IDS), dict(static=True), dict(group=2), dict(mask=1),
+    for other in [dict(create=move), dict(destroy=IDS), dict(static=True), dict(group=2), dict(mask=1),
                   dict(sensor="box"), dict(expected_tick=3)]:
         arguments = {**dict(create=None, destroy=None, static=None, group=None, mask=None, sensor=None,
-                            expected_tick=None), **given}
+                            expected_tick=None), **other}
         assert batches.moves_alone(arguments["create"], move, arguments["destroy"], arguments["static"],
                                    arguments["group"], arguments["mask"], arguments["sensor"],
-                                   arguments["expected_tick"]) is None, given
+                                   arguments["expected_tick"]) is None, other
     assert batches.moves_alone(None, (IDS[:0], BOXES[:0]), None, None, None, None, None, None) is None
     assert not batches.fits_one_message((IDS, BOXES), batches.MESSAGE_OVERHEAD + IDS.nbytes + BOXES.nbytes - 1)
