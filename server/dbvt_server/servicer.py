@@ -25,7 +25,7 @@ from dbvt_proto.v1 import broadphase_pb2_grpc as pb_grpc
 from dbvt_server import access, handlers
 from dbvt_server._result_bytes import stream_answer
 from dbvt_server.access import by_whom
-from dbvt_server.decoding import bytes_or, decoded, tolerant
+from dbvt_server.decoding import bytes_or, decoded, in_place_or, tolerant
 from dbvt_server.image_rpcs import ImageRpcs
 from dbvt_server.in_flight import END, InFlight
 from dbvt_server.logs import Rejections, shown
@@ -456,7 +456,8 @@ def add_to_server(servicer: BroadphaseServicer, server: grpc.aio.Server) -> None
     method_handlers = {
         method.name: handlers.HANDLER_MAKERS[method.client_streaming, method.server_streaming](
             getattr(servicer, method.name),
-            request_deserializer=tolerant(getattr(pb, method.input_type.name)),
+            request_deserializer=(in_place_or if method.name == "StreamBatches" else tolerant)(
+                getattr(pb, method.input_type.name)),
             response_serializer=bytes_or(getattr(pb, method.output_type.name).SerializeToString))
         for method in service.methods
     }
