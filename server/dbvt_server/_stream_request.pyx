@@ -26,12 +26,16 @@ cdef enum:
     NARROW_IDS = 5
     EXPECTED_TICK = 9
 
+# Batch's bytes fields by number: all but expected_tick (9).
+COLUMNS = {1: "create_ids", 2: "create_boxes", 3: "create_static", 4: "create_group", 5: "create_mask",
+           6: "move_ids", 7: "move_boxes", 8: "destroy_ids", 10: "create_sensor"}
+
 cdef class StreamedBatch:
     """A `Batch` read in place: what the stream's path reads of a `pb.Batch`, each column a
     memoryview of the received message (b"" when absent)."""
 
-    cdef readonly object create_ids, create_boxes, create_static, create_group, create_mask
-    cdef readonly object move_ids, move_boxes, destroy_ids, create_sensor
+    cdef public object create_ids, create_boxes, create_static, create_group, create_mask
+    cdef public object move_ids, move_boxes, destroy_ids, create_sensor
     cdef readonly uint64_t expected_tick
     cdef bint has_expected_tick
     cdef object raw
@@ -111,36 +115,11 @@ cdef StreamedBatch read_batch(object view, const uint8_t *data, Py_ssize_t begin
         if number == EXPECTED_TICK and start < 0:
             batch.expected_tick = value
             batch.has_expected_tick = True
-        elif start >= 0 and set_column(batch, number, view[start:start + <Py_ssize_t>value]):
-            pass
+        elif start >= 0 and number in COLUMNS:
+            setattr(batch, COLUMNS[number], view[start:start + <Py_ssize_t>value])
         else:
             return None
     return batch
-
-
-cdef bint set_column(StreamedBatch batch, uint64_t number, object column):
-    """Batch's bytes field `number` (1 to 10 but expected_tick's 9) set to `column`; false for another."""
-    if number == 1:
-        batch.create_ids = column
-    elif number == 2:
-        batch.create_boxes = column
-    elif number == 3:
-        batch.create_static = column
-    elif number == 4:
-        batch.create_group = column
-    elif number == 5:
-        batch.create_mask = column
-    elif number == 6:
-        batch.move_ids = column
-    elif number == 7:
-        batch.move_boxes = column
-    elif number == 8:
-        batch.destroy_ids = column
-    elif number == 10:
-        batch.create_sensor = column
-    else:
-        return False
-    return True
 
 
 def read(bytes data):
