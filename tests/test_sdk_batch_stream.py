@@ -3,6 +3,7 @@ SDK's between; threads sharing a stream, some waiting on futures and some applyi
 answers in order; an ending stream fails every batch still waiting, whoever waits for it."""
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from concurrent import futures
@@ -13,7 +14,7 @@ import pytest
 from dbvt import Broadphase
 from dbvt_client import Client, Unavailable
 from dbvt_proto.v1 import broadphase_pb2 as pb
-from servers import batch_stream_peer
+from servers import batch_stream_peer, wait_until
 
 GUARD = 20  # seconds: a regression fails here instead of hanging the suite
 READER = "dbvt-batch-stream"
@@ -21,6 +22,19 @@ READER = "dbvt-batch-stream"
 
 def _readers() -> list[threading.Thread]:
     return [thread for thread in threading.enumerate() if thread.name == READER]
+
+
+def _threads_in_the_sdk() -> list[str]:
+    """The threads other than this one whose stacks hold a frame of the SDK's own code."""
+    return [thread.name for thread in threading.enumerate() if thread is not threading.current_thread()
+            and any("dbvt_client" in frame.f_code.co_filename
+                    for frame in _stack(sys._current_frames().get(thread.ident)))]
+
+
+def _stack(frame):
+    while frame is not None:
+        yield frame
+        frame = frame.f_back
 
 
 def test_ticks_applied_alone_are_read_by_their_caller(server):
@@ -47,6 +61,7 @@ def test_ticks_applied_alone_are_read_by_their_caller(server):
                 assert result.tick == step + 1
                 assert np.array_equal(result.begun, begun) and np.array_equal(result.ended, ended)
             assert len(_readers()) == already, "a stream only applied to needs no reader thread"
+            assert _threads_in_the_sdk() == [], "no thread of the SDK's waits on the stream between ticks"
         client.delete_world(world.name)
 
 
@@ -141,3 +156,14 @@ def test_a_result_says_how_long_the_broadphase_took_within_the_round_trip(client
             assert 0 < moved.world_seconds < time.perf_counter() - started
     again = world.apply()
     assert again.world_seconds < created.world_seconds, "an empty batch is a cheap update"
+
+
+def test_a_streams_call_starts_when_the_stream_opens(server):
+    """The first batch does not pay for setting up the call: the server has the stream before it."""
+    with Client(server.target) as client:
+        world = client.create_world("opened", dims=3)
+        already = server.running.servicer.open_streams
+        with world.stream() as stream:
+            wait_until(lambda: server.running.servicer.open_streams == already + 1)
+            assert stream.apply().tick == 1
+        client.delete_world(world.name)

@@ -3,11 +3,13 @@ from the same bytes, each column a view of them; where it cannot be sure to (a f
 unknown field, a malformed message) it leaves the message to protobuf."""
 from __future__ import annotations
 
+import grpc
 import numpy as np
 from google.protobuf.message import DecodeError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dbvt_client import Client
 from dbvt_proto.v1 import broadphase_pb2 as pb
 from dbvt_server._stream_request import read
 
@@ -89,3 +91,32 @@ def test_what_it_cannot_be_sure_of_it_leaves_to_protobuf(first, second, data):
 
 def test_a_world_name_that_is_not_utf8_is_left_to_protobuf():
     assert read(b"\x0a\x02\xff\xfe") is None
+
+
+def test_a_server_applies_a_request_left_to_protobuf_as_protobuf_reads_it(server):
+    """Over the wire: a request whose batch comes in two pieces (field 3 given twice, which protobuf
+    merges) is applied whole; one the server reads in place, beside it, the same; a batch refused
+    by the world leaves it as it was."""
+    ids = np.array([1, 2], "<u8")
+    boxes = np.array([[0, 0, 0, 1, 1, 1], [0.5, 0.5, 0.5, 2, 2, 2]], "<f4")
+    merged = (pb.StreamBatchesRequest(world="in-place", sequence=1, batch=pb.Batch(create_ids=ids.tobytes()))
+              .SerializeToString()
+              + pb.StreamBatchesRequest(batch=pb.Batch(create_boxes=boxes.tobytes())).SerializeToString())
+    assert read(merged) is None
+    in_place = pb.StreamBatchesRequest(world="in-place", sequence=2, batch=pb.Batch(
+        move_ids=ids[:1].tobytes(), move_boxes=(boxes[:1] + 5).tobytes())).SerializeToString()
+    refused = pb.StreamBatchesRequest(world="in-place", sequence=3, batch=pb.Batch(
+        move_ids=np.array([7], "<u8").tobytes(), move_boxes=boxes[:1].tobytes())).SerializeToString()
+    assert read(in_place) is not None and read(refused) is not None
+    with Client(server.target) as client:
+        client.create_world("in-place", dims=3, margin=0.0)
+        with grpc.insecure_channel(server.target) as channel:
+            stream = channel.stream_stream("/dbvt.v1.BroadphaseService/StreamBatches",
+                                           response_deserializer=pb.StreamBatchesResponse.FromString)
+            first, second, third = list(stream(iter([merged, in_place, refused]), timeout=30))
+        assert first.status_code == 0 and np.frombuffer(first.result.begun, "<u8").tolist() == [1, 2]
+        assert second.status_code == 0 and np.frombuffer(second.result.ended, "<u8").tolist() == [1, 2]
+        assert third.status_code == grpc.StatusCode.INVALID_ARGUMENT.value[0] and "7" in third.status_message
+        info = client.world("in-place").info()
+        assert info.proxies == 2 and info.tick == 2
+        client.delete_world("in-place")
