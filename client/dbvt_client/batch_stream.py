@@ -44,8 +44,6 @@ class BatchStream:
     def __init__(self, world):
         self._world = world
         self._header = batches.stream_header(world.name)
-        # The server's message size, once asked (the client keeps it too).
-        self._limit: int | None = None
         self._requests: queue.SimpleQueue = queue.SimpleQueue()
         self._responses = world._client._transport.stream(iter(self._requests.get, _END), world.name)
         self._answers = parts.StreamAnswers()
@@ -95,10 +93,8 @@ class BatchStream:
         """The batch as `_send` takes it: moves alone that fit one message as their two columns, any
         other batch as the parts `batches.split` cuts it into."""
         moves = batches.moves_alone(create, move, destroy, static, group, mask, sensor, expected_tick)
-        if self._limit is None:
-            self._limit = self._world._client.max_message_bytes()
-        limit = self._limit
-        if moves is not None and moves[0].nbytes + moves[1].nbytes <= limit - batches.MESSAGE_OVERHEAD:
+        limit = self._world._client.max_message_bytes()
+        if moves is not None and batches.fits_one_message(moves, limit):
             return moves, None
         ops = batches.encode(create, move, destroy, static, group, mask, sensor)
         return None, batches.split(ops, limit, expected_tick)

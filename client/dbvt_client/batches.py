@@ -189,14 +189,12 @@ def batch_message(part: dict) -> pb.Batch:
 
 def decode_result(result: pb.BatchResult) -> BatchResult:
     narrow = result.narrow_ids
-    # A tick's sensor events are mostly none: no call for those.
-    entered, left = result.entered, result.left
     return BatchResult(tick=result.tick,
                        begun=wire.decode_id_rows(result.begun, narrow, "begun"),
                        ended=wire.decode_id_rows(result.ended, narrow, "ended"),
                        incarnation=result.incarnation,
-                       entered=wire.decode_id_rows(entered, narrow, "entered") if entered else np.empty((0, 2), wire.IDS),
-                       left=wire.decode_id_rows(left, narrow, "left") if left else np.empty((0, 2), wire.IDS),
+                       entered=wire.decode_id_rows(result.entered, narrow, "entered"),
+                       left=wire.decode_id_rows(result.left, narrow, "left"),
                        world_seconds=result.world_seconds)
 
 

@@ -330,8 +330,7 @@ class BroadphaseServicer(ImageRpcs, SensorRpcs, MoveRpcs, QueryStreamRpcs, pb_gr
                     self._count_streamed_batch(error.code)
                     yield stream_error(sequence, error)
                 else:
-                    if self.metrics is not None:
-                        self.metrics.count_streamed_batch(grpc.StatusCode.OK)
+                    self._count_streamed_batch(grpc.StatusCode.OK)
                     if len(applied) <= max_bytes - parts.PART_OVERHEAD:
                         yield applied
                     else:
