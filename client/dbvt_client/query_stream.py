@@ -19,6 +19,7 @@ import threading
 import time
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from types import SimpleNamespace
 
 import grpc
 
@@ -32,8 +33,6 @@ METHOD = "/dbvt.v1.BroadphaseService/StreamQueries"
 # Each query RPC's field in a QueryRequest.
 QUERY_FIELDS = {"QueryAabb": "aabb", "QuerySphere": "sphere", "Raycast": "raycast", "QueryFrustum": "frustum",
                 "QueryNearest": "nearest", "CastBox": "cast_box", "CastSphere": "cast_sphere"}
-# Each query RPC's answer class, for an answer that comes in parts.
-ANSWER_CLASSES = {name: getattr(pb, name + "Response") for name in QUERY_FIELDS}
 _END = object()
 # Closing a client waits at most this long for the server to end its query stream.
 CLOSE_SECONDS = 1.0
@@ -69,7 +68,6 @@ class _Answer:
 
     def __init__(self, method: str, future):
         self.field = QUERY_FIELDS[method]
-        self.answer_class = ANSWER_CLASSES[method]
         self.future = future
         self.parts: list = []
 
@@ -93,11 +91,14 @@ class _Answer:
         return True
 
     def _whole(self):
+        """The answer from its parts (a large box query set comes in pieces as the server finds them,
+        and any answer bigger than a message in parts): each column joined, copied once; the other
+        fields, the same in every part, from the first. Query answers hold no message fields."""
         if len(self.parts) == 1:
             return self.parts[0]
-        # An answer in parts is rare (bigger than a message): rebuilt as messages and joined.
-        return parts.joined([self.answer_class(**{name: bytes(value) if isinstance(value, memoryview) else value
-                                                  for name, value in vars(part).items()}) for part in self.parts])
+        return SimpleNamespace(**{name: b"".join([getattr(part, name) for part in self.parts])
+                                  if isinstance(value, memoryview) else value
+                                  for name, value in vars(self.parts[0]).items()})
 
 
 class _Waiting:
