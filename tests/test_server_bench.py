@@ -73,6 +73,17 @@ def test_paired_calls_time_each_sides_second_call_of_two_alternately_first():
     assert len(wire) == len(local) == 3 and all(seconds >= 0 for seconds in wire + local)
 
 
+def test_calls_in_turns_start_each_round_with_the_next_side():
+    """The box queries' three sides (server, bare server, in process): each round starts one side
+    later, each side's second call of two timed."""
+    from dbvt_server.bench.wire import in_turns
+
+    calls = []
+    seconds = in_turns([lambda name=name: calls.append(name) for name in "sbl"], 4)
+    assert "".join(calls) == "ssbbll" + "bbllss" + "llssbb" + "ssbbll"
+    assert [len(side) for side in seconds] == [4, 4, 4]
+
+
 def test_two_worlds_count_only_the_work_inside_the_window():
     from dbvt_server.bench.parallel import completed_by
 

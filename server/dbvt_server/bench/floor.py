@@ -97,8 +97,8 @@ class _Stepper:
 
 async def started_bare_server(workers: int, thread_name_prefix: str = "") -> tuple[grpc.aio.Server, int]:
     """The bare server, started on this event loop: Echo (the busy wait), Steps (each stream its own
-    world, made by its first message), and for the two busy worlds Create and Query (worlds by a
-    one-byte index); and its port on 127.0.0.1."""
+    world, made by its first message), and Create, Step and Query (worlds by a one-byte index) for
+    the two busy worlds and the paired query calls; and its port on 127.0.0.1."""
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=thread_name_prefix)
     worlds: dict[int, _Stepper] = {}
 
@@ -119,6 +119,9 @@ async def started_bare_server(workers: int, thread_name_prefix: str = "") -> tup
         worlds[request[0]] = _Stepper()
         return await asyncio.get_running_loop().run_in_executor(pool, worlds[request[0]].create, request[1:])
 
+    async def step(request, context):
+        return await asyncio.get_running_loop().run_in_executor(pool, worlds[request[0]].step, request[1:])
+
     async def query(request, context):
         return await asyncio.get_running_loop().run_in_executor(pool, worlds[request[0]].query, request[1:])
 
@@ -126,6 +129,7 @@ async def started_bare_server(workers: int, thread_name_prefix: str = "") -> tup
     handlers = {"Echo": grpc.stream_stream_rpc_method_handler(echo),
                 "Steps": grpc.stream_stream_rpc_method_handler(steps),
                 "Create": grpc.unary_unary_rpc_method_handler(create),
+                "Step": grpc.unary_unary_rpc_method_handler(step),
                 "Query": grpc.unary_unary_rpc_method_handler(query)}
     server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("dbvt_bench.Floor", handlers)])
     port = server.add_insecure_port("127.0.0.1:0")
@@ -173,6 +177,27 @@ def _round_trips(channel, method: str, messages) -> list[float]:
     requests.put(None)
     list(answers)
     return seconds
+
+
+@contextlib.contextmanager
+def query_asker(boxes: np.ndarray, move_ids: np.ndarray, move_boxes: np.ndarray):
+    """`ask(queries)`: the raw answer (int64 offsets, then 32-bit ids) of float32 box queries, made
+    beforehand as bytes, in one unary call to a bare server's world taken through the same W1 steps as
+    dbvt-server's and the in-process one's (created, then moved and updated step by step), so that all
+    three query the same tree."""
+    with _bare_channel() as channel:
+        channel.unary_unary(FLOOR + "Create")(b"\0" + boxes.astype("<f4").tobytes())
+        step = channel.unary_unary(FLOOR + "Step")
+        for ids, rows in zip(move_ids, move_boxes):
+            step(b"\0" + step_message(ids, rows))
+        query = channel.unary_unary(FLOOR + "Query")
+        yield lambda queries: query(b"\0" + queries)
+
+
+def query_answer(answer: bytes, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """`query_asker`'s answer as the SDK returns it: int64 offsets and uint64 ids."""
+    offsets = np.frombuffer(answer, "<i8", count + 1)
+    return offsets, np.frombuffer(answer, "<u4", offset=8 * (count + 1)).astype(np.uint64)
 
 
 def floor(work_seconds: float, request_bytes: int, answer_bytes: int, rounds: int = ROUNDS) -> float:

@@ -19,7 +19,9 @@ step's moves again, all pipelined, to a query-only world (track_pairs=False, so 
 but the tick) that has seen every step once before. The box queries and the ingest are timed in pairs, a call or pass through the
 server and the same in process back to back (alternately first), and a run's ratio is the median of
 its pairs' ratios: the two halves of a pair run within milliseconds of each other, so the machine's
-drift, which moves these short figures by more than their difference, cancels. The SDK's query
+drift, which moves these short figures by more than their difference, cancels. The box queries'
+rounds hold a third call, through a bare grpc.aio server making the same dbvt call on the same tree,
+the control the tick has in the bare server making the same calls. The SDK's query
 stream is set against unary calls the same way (dbvt_server.bench.query_calls). The
 two-busy-worlds figures are described in dbvt_server.bench.parallel. Last,
 each wire target of issue 17 is shown as the issue states it, with its median and range over the
@@ -70,8 +72,10 @@ def fresh_world(client: Client, name: str, track_pairs: bool = True):
 
 # A pass of the ingest takes about 0.1 s at W1's 100k: each run times this many pairs of passes.
 INGEST_PAIRS = 5
-# Pairs of box-query calls per run; also the calls dbvt_server.bench.paired takes the median of.
+# Calls dbvt_server.bench.paired takes the median of.
 QUERY_CALLS = 5
+# Rounds of the box-query calls per run, each of the three sides (paired_queries) first in two.
+QUERY_TURNS = 6
 # Pairs of new worlds, one on each server, whose steps are paired with each other's, and the steps of
 # each pair: a pair's difference ranges over several ms (each side's step wakes to caches the other's
 # left cold), and one pair of worlds runs its steps faster or slower than another by up to half a
@@ -199,35 +203,50 @@ def local_ingest(broadphase, work: Workload) -> float:
     return time.perf_counter() - started
 
 
-def in_pairs(wire_side, local_side, pairs: int) -> tuple[list[float], list[float]]:
-    """Each side's seconds, `pairs` times, the two back to back and alternately first. Each side runs
-    twice in a row and the second is timed: a call right after the other side's finds the caches of
-    its core holding the other process's data (a call through the server took 16-17 ms after one of
-    its own, 19-20 ms after an in-process one; the in-process call 12-13 ms and 14-15 ms), and a
-    pair must not set one side's warm call against the other's cold one."""
-    seconds: tuple[list[float], list[float]] = ([], [])
-    for pair in range(pairs):
-        for index in ((0, 1) if pair % 2 == 0 else (1, 0)):
-            side = (wire_side, local_side)[index]
+def in_turns(sides, rounds: int) -> list[list[float]]:
+    """Each side's seconds, `rounds` times, the sides back to back, each round started by the next side
+    in turn. Each side runs twice in a row and the second is timed: a call right after another side's
+    finds the caches of its core holding the other process's data (a call through the server took
+    16-17 ms after one of its own, 19-20 ms after an in-process one; the in-process call 12-13 ms and
+    14-15 ms), and a round must not set one side's warm call against another's cold one."""
+    seconds: list[list[float]] = [[] for _ in sides]
+    for turn in range(rounds):
+        for index in range(turn, turn + len(sides)):
+            side = sides[index % len(sides)]
             side()
             started = time.perf_counter()
             side()
-            seconds[index].append(time.perf_counter() - started)
+            seconds[index % len(sides)].append(time.perf_counter() - started)
     return seconds
 
 
+def in_pairs(wire_side, local_side, pairs: int) -> tuple[list[float], list[float]]:
+    """`in_turns` of two sides, alternately first."""
+    wire, local = in_turns((wire_side, local_side), pairs)
+    return wire, local
+
+
 def paired_queries(world, broadphase, work: Workload, wire: dict, local: dict) -> None:
-    """Every box query in one call, through the server and in process on the same tree, QUERY_CALLS
-    pairs of calls after one untimed call each (which rebuilds the wide view after the steps) whose
-    answers must agree. The run's ratio is the median of the pairs' ratios."""
-    offsets, hits = world.query_aabb(work.q_aabb)
+    """Every box query in one call three ways, on the same tree: through the server, in process, and
+    through a bare grpc.aio server making the same dbvt call (dbvt_server.bench.floor.query_asker, its
+    request made beforehand and its answer left as bytes). QUERY_TURNS rounds after one untimed call
+    each (which rebuilds the wide view after the steps), whose answers must agree. The run's ratios are
+    the medians of the rounds' ratios to the in-process call; beside them, the median of each round's
+    call through the server less the bare server's: what the service and the SDK add to the call."""
     expected_offsets, expected_hits = broadphase.query_aabb(work.q_aabb)
-    if not (np.array_equal(offsets, expected_offsets) and np.array_equal(hits, expected_hits)):
-        raise SystemExit("the server's box queries differ from the in-process dbvt.Broadphase's")
-    seconds = in_pairs(lambda: world.query_aabb(work.q_aabb), lambda: broadphase.query_aabb(work.q_aabb),
-                       QUERY_CALLS)
-    wire["query"], local["query"] = statistics.median(seconds[0]), statistics.median(seconds[1])
-    wire["query_ratio"] = statistics.median(w / l for w, l in zip(*seconds))
+    queries = work.q_aabb.astype("<f4").tobytes()
+    with bench_floor.query_asker(work.boxes, work.move_ids, work.move_boxes) as ask_bare:
+        for where, (offsets, hits) in (("server's", world.query_aabb(work.q_aabb)),
+                                       ("bare server's", bench_floor.query_answer(ask_bare(queries), len(work.q_aabb)))):
+            if not (np.array_equal(offsets, expected_offsets) and np.array_equal(hits, expected_hits)):
+                raise SystemExit(f"the {where} box queries differ from the in-process dbvt.Broadphase's")
+        served, bare, in_process = in_turns((lambda: world.query_aabb(work.q_aabb), lambda: ask_bare(queries),
+                                             lambda: broadphase.query_aabb(work.q_aabb)), QUERY_TURNS)
+    wire["query"], local["query"] = statistics.median(served), statistics.median(in_process)
+    wire["query_ratio"] = statistics.median(s / l for s, l in zip(served, in_process))
+    wire["bare_query"] = statistics.median(bare)
+    wire["bare_query_ratio"] = statistics.median(b / l for b, l in zip(bare, in_process))
+    wire["query_beyond_bare"] = statistics.median(s - b for s, b in zip(served, bare))
 
 
 def paired_ingest(client: Client, work: Workload, wire: dict, local: dict) -> None:
@@ -333,6 +352,9 @@ def targets(wire: list[dict], local: list[dict], queries: int, parallel_wire: di
          "runs"),
         (f"{queries // 1000}k box queries in one call, x in-process", [w["query_ratio"] for w in wire],
          "<= 1.3x", 1.3, None, "runs"),
+        # Beside it, as for the tick: the same call through a bare grpc.aio server, on the same tree.
+        ("  the same call through bare gRPC, x in-process", [w["bare_query_ratio"] for w in wire],
+         "<= 1.3x", 1.3, None, "runs"),
     ]
     for key, label in (("query", "query calls"), ("steps", "W1 steps")):
         if parallel_wire is not None:
@@ -399,6 +421,11 @@ def report(work: Workload, wire: list[dict], local: list[dict]) -> list[str]:
         f"{total_moves / median_of(local, 'quiet_ingest') / 1e6:12.2f}"
         f"{statistics.median(w['ingest_ratio'] for w in wire):8.2f}",
         row(f"{len(work.q_aabb) // 1000}k box queries in one call, ms", "query", 1e3, 2),
+        f"{'  bare gRPC making the same call, ms':40}{median_of(wire, 'bare_query') * 1e3:14.2f}{'':12}"
+        f"{statistics.median(w['bare_query_ratio'] for w in wire):8.2f}"
+        "  (a bare grpc.aio server's world through the same steps, in the same rounds)",
+        f"{'  the call beyond it, ms':40}{median_of(wire, 'query_beyond_bare') * 1e3:14.2f}"
+        "  (what the service and the SDK add to the call: median of the runs' medians)",
         f"{'on the query stream, x a unary call':40}{'stream':>14}{'call':>12}",
         *(f"{label:40}{median_of(wire, 'stream_' + key) * 1e3:14.3f}{median_of(wire, 'call_' + key) * 1e3:12.3f}"
           f"{statistics.median(w[f'stream_{key}_ratio'] for w in wire):8.3f}"
