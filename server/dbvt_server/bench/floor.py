@@ -15,7 +15,8 @@ its protocol, checks and hand-offs.
 
 With two pool threads, the same bare server is the two busy worlds' control too
 (dbvt_server.bench.parallel.over_the_wire): each of its worlds stepped on a stream of its own, or
-queried by unary calls, as dbvt-server's are.
+queried by unary calls, as dbvt-server's are. With one, it is the control of the 10k box queries:
+a world taken through the same W1 steps (query_asker), asked the same call as dbvt-server's world.
 
     python -m dbvt_server.bench.floor --serve [WORKERS]   # the child: prints its port, serves until killed
 """
