@@ -6,6 +6,7 @@ writes to them, in both orders at once, without waiting on each other.
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -92,6 +93,7 @@ def test_query_sets_bigger_than_a_message_are_answered_at_one_tick():
             points = scene.rng.uniform(0, scene.side, size=(3000, 3)).astype(np.float32)
             got = world.query_nearest(points, 4)
             assert_same(got, ref.query_nearest(points, 4))
+            assert got.world_seconds > 0, "an answer in parts keeps its world_seconds"
             moves = np.tile(np.array([[20, 0, 0]], np.float32), (3000, 1))
             assert_same(world.cast_sphere(points, 1.0, moves), ref.cast_sphere(points, np.ones(3000, np.float32), moves))
             crossings = client.overlap("small-messages", "small-messages")   # an answer in many parts
@@ -138,3 +140,23 @@ def test_opposite_overlaps_while_both_worlds_change_hold_them_still(server):
         world_a.create(*boxes_at[first][got.tick_a])
         world_b.create(*boxes_at[second][got.tick_b])
         np.testing.assert_array_equal(got.pairs, reference.overlap(world_a, world_b))
+
+
+def test_every_query_answer_says_how_long_the_broadphase_took_within_the_call(client):
+    """world_seconds: the core's part of a query set, for every kind, on every path (the query
+    stream, a Unix socket, in-process), within the call's round trip."""
+    world = client.create_world("timed-queries", dims=3)
+    scene, _ = twin(world, n=2000)
+    boxes = scene.query_boxes(300, half=2.0).astype(np.float32)
+    points = boxes[:, :3].copy()
+    moves = np.full((300, 3), 3.0, np.float32)
+    segments = np.concatenate([points, points + moves], 1)
+    planes = np.tile(np.array([[1, 0, 0, -1], [-1, 0, 0, 9], [0, 1, 0, -1]], np.float32), (300, 1, 1))
+    asks = {"query_aabb": lambda: world.query_aabb(boxes), "query_sphere": lambda: world.query_sphere(points, 2.0),
+            "raycast": lambda: world.raycast(segments), "query_frustum": lambda: world.query_frustum(planes),
+            "query_nearest": lambda: world.query_nearest(points, 4), "cast_box": lambda: world.cast_box(boxes, moves),
+            "cast_sphere": lambda: world.cast_sphere(points, 2.0, moves)}
+    for kind, ask in asks.items():
+        started = time.perf_counter()
+        answer = ask()
+        assert 0 < answer.world_seconds < time.perf_counter() - started, kind

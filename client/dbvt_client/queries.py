@@ -44,7 +44,8 @@ def _common(world: str, mask, include_sensors: bool = False) -> dict:
 def _csr_plan(method: str, requests: list, count: int) -> Plan:
     def finish(response):
         offsets, hits = wire.decode_csr(response.offsets, response.hits, count, response.narrow_ids)
-        return Hits(offsets, hits, tick=response.tick, incarnation=response.incarnation)
+        return Hits(offsets, hits, tick=response.tick, incarnation=response.incarnation,
+                    world_seconds=response.world_seconds)
 
     return Plan(method, requests, finish)
 
@@ -87,7 +88,7 @@ def _fractions_finish(count: int):
     def finish(response):
         offsets, hits = wire.decode_csr(response.offsets, response.hits, count, response.narrow_ids)
         return RayHits(offsets, hits, np.frombuffer(response.fractions, wire.FRACTIONS), tick=response.tick,
-                       incarnation=response.incarnation)
+                       incarnation=response.incarnation, world_seconds=response.world_seconds)
 
     return finish
 
@@ -116,7 +117,7 @@ def nearest(world: str, points, k, max_distance, mask, max_message_bytes: int, i
     def finish(response):
         offsets, hits = wire.decode_csr(response.offsets, response.hits, len(arr), response.narrow_ids)
         return NearestHits(offsets, hits, np.frombuffer(response.distances, wire.FLOATS), tick=response.tick,
-                           incarnation=response.incarnation)
+                           incarnation=response.incarnation, world_seconds=response.world_seconds)
 
     return Plan("QueryNearest", requests, finish)
 

@@ -32,14 +32,16 @@ class BatchResult:
 
 class _Answer(tuple):
     """A query answer in CSR form, with the tick it reflects and the world's incarnation; unpacks as
-    its columns."""
+    its columns. `world_seconds` is how long the world's broadphase took over the query set: a call's
+    round trip minus it is what the service and the network added."""
 
     tick: int
     incarnation: int
+    world_seconds: float
 
-    def __new__(cls, *columns: np.ndarray, tick: int, incarnation: int = 0):
+    def __new__(cls, *columns: np.ndarray, tick: int, incarnation: int = 0, world_seconds: float = 0.0):
         made = super().__new__(cls, columns)
-        made.tick, made.incarnation = tick, incarnation
+        made.tick, made.incarnation, made.world_seconds = tick, incarnation, world_seconds
         return made
 
     @property

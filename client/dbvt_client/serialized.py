@@ -27,10 +27,12 @@ _FIXED = {FieldDescriptor.TYPE_DOUBLE: (_FIXED64, struct.Struct("<d")),
           FieldDescriptor.TYPE_FLOAT: (_FIXED32, struct.Struct("<f"))}
 # What reader() reads: the fields of the query answers and of the query stream's messages around them.
 _READ = (FieldDescriptor.TYPE_BYTES, FieldDescriptor.TYPE_UINT32, FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_BOOL,
-         FieldDescriptor.TYPE_STRING, FieldDescriptor.TYPE_MESSAGE)
-# How reader() reads a bytes field and a string field; an unsigned integer is read by its modulus, a
-# message by its class's reader.
-_AS_VIEW, _AS_TEXT = "view", "text"
+         FieldDescriptor.TYPE_STRING, FieldDescriptor.TYPE_MESSAGE, FieldDescriptor.TYPE_DOUBLE)
+# How reader() reads a bytes field, a string field and a double; an unsigned integer is read by its
+# modulus, a message by its class's reader.
+_AS_VIEW, _AS_TEXT, _AS_DOUBLE = "view", "text", "double"
+# The wire type of each way of reading that is not an unsigned integer's (a varint).
+_WIRE_TYPES = {_AS_VIEW: _LENGTH, _AS_TEXT: _LENGTH, _AS_DOUBLE: _FIXED64}
 _LENGTH_DELIMITED = (FieldDescriptor.TYPE_STRING, FieldDescriptor.TYPE_BYTES, FieldDescriptor.TYPE_MESSAGE)
 
 
@@ -155,6 +157,8 @@ def _fields_read(message_class) -> dict[int, tuple[str, object]]:
             how = _AS_VIEW
         elif field.type == FieldDescriptor.TYPE_STRING:
             how = _AS_TEXT
+        elif field.type == FieldDescriptor.TYPE_DOUBLE:
+            how = _AS_DOUBLE
         else:
             how = _UNSIGNED[field.type]
         fields[field.number] = (field.name, how)
@@ -166,6 +170,8 @@ def _default(how):
         return memoryview(b"")
     if how == _AS_TEXT:
         return ""
+    if how == _AS_DOUBLE:
+        return 0.0
     if callable(how):
         return None
     return False if how == 2 else 0
@@ -207,16 +213,19 @@ def reader(message_class):
                 size, at = _varint_at(view, at)
                 value, at = view[at:at + size], at + size
             elif wire_type in (_FIXED64, _FIXED32):
-                value, at = None, at + (8 if wire_type == _FIXED64 else 4)
+                size = 8 if wire_type == _FIXED64 else 4
+                value, at = view[at:at + size], at + size
             else:
                 raise DecodeError(f"wire type {wire_type} (field {number}) is not used by the protocol")
             if at > len(view):
                 raise DecodeError(f"field {number} runs past the end of the message")
             name, how = fields.get(number, ("", None))
-            if how is None or wire_type != (_VARINT if isinstance(how, int) else _LENGTH):
+            if how is None or wire_type != _WIRE_TYPES.get(how, _LENGTH if callable(how) else _VARINT):
                 continue    # unknown, or known with another wire type, which protobuf keeps as unknown
             if how == _AS_VIEW:
                 values[name] = value
+            elif how == _AS_DOUBLE:
+                values[name] = _FIXED[FieldDescriptor.TYPE_DOUBLE][1].unpack(value)[0]
             elif how == _AS_TEXT:
                 values[name] = _text(value, message_class, name)
             elif callable(how):

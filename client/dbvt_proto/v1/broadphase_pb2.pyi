@@ -754,6 +754,7 @@ class QueryAabbResponse(_message.Message):
     HITS_FIELD_NUMBER: _builtins.int
     INCARNATION_FIELD_NUMBER: _builtins.int
     NARROW_IDS_FIELD_NUMBER: _builtins.int
+    WORLD_SECONDS_FIELD_NUMBER: _builtins.int
     tick: _builtins.int
     """The tick the answer reflects."""
     offsets: _builtins.bytes
@@ -763,6 +764,11 @@ class QueryAabbResponse(_message.Message):
     """Set when the request allowed it and every hit's id is below 2^32: hits are then uint32 <u4,
     half the bytes. Unset, they are uint64 <u8.
     """
+    world_seconds: _builtins.float
+    """Seconds the world's broadphase took over the query set on the server. The checks, the answer,
+    the queue and the wire are not in it: a round trip minus this is what the service and the
+    network added.
+    """
     def __init__(
         self,
         *,
@@ -771,10 +777,11 @@ class QueryAabbResponse(_message.Message):
         hits: _builtins.bytes = ...,
         incarnation: _builtins.int = ...,
         narrow_ids: _builtins.bool = ...,
+        world_seconds: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["hits", b"hits", "incarnation", b"incarnation", "narrow_ids", b"narrow_ids", "offsets", b"offsets", "tick", b"tick"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["hits", b"hits", "incarnation", b"incarnation", "narrow_ids", b"narrow_ids", "offsets", b"offsets", "tick", b"tick", "world_seconds", b"world_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -830,6 +837,7 @@ class QuerySphereResponse(_message.Message):
     HITS_FIELD_NUMBER: _builtins.int
     INCARNATION_FIELD_NUMBER: _builtins.int
     NARROW_IDS_FIELD_NUMBER: _builtins.int
+    WORLD_SECONDS_FIELD_NUMBER: _builtins.int
     tick: _builtins.int
     offsets: _builtins.bytes
     hits: _builtins.bytes
@@ -838,6 +846,8 @@ class QuerySphereResponse(_message.Message):
     """Set when the request allowed it and every hit's id is below 2^32: hits are then uint32 <u4,
     half the bytes. Unset, they are uint64 <u8.
     """
+    world_seconds: _builtins.float
+    """As in QueryAabbResponse."""
     def __init__(
         self,
         *,
@@ -846,10 +856,11 @@ class QuerySphereResponse(_message.Message):
         hits: _builtins.bytes = ...,
         incarnation: _builtins.int = ...,
         narrow_ids: _builtins.bool = ...,
+        world_seconds: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["hits", b"hits", "incarnation", b"incarnation", "narrow_ids", b"narrow_ids", "offsets", b"offsets", "tick", b"tick"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["hits", b"hits", "incarnation", b"incarnation", "narrow_ids", b"narrow_ids", "offsets", b"offsets", "tick", b"tick", "world_seconds", b"world_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -906,6 +917,7 @@ class RaycastResponse(_message.Message):
     FRACTIONS_FIELD_NUMBER: _builtins.int
     INCARNATION_FIELD_NUMBER: _builtins.int
     NARROW_IDS_FIELD_NUMBER: _builtins.int
+    WORLD_SECONDS_FIELD_NUMBER: _builtins.int
     tick: _builtins.int
     offsets: _builtins.bytes
     hits: _builtins.bytes
@@ -916,6 +928,8 @@ class RaycastResponse(_message.Message):
     """Set when the request allowed it and every hit's id is below 2^32: hits are then uint32 <u4,
     half the bytes. Unset, they are uint64 <u8.
     """
+    world_seconds: _builtins.float
+    """As in QueryAabbResponse."""
     def __init__(
         self,
         *,
@@ -925,10 +939,11 @@ class RaycastResponse(_message.Message):
         fractions: _builtins.bytes = ...,
         incarnation: _builtins.int = ...,
         narrow_ids: _builtins.bool = ...,
+        world_seconds: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["fractions", b"fractions", "hits", b"hits", "incarnation", b"incarnation", "narrow_ids", b"narrow_ids", "offsets", b"offsets", "tick", b"tick"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fractions", b"fractions", "hits", b"hits", "incarnation", b"incarnation", "narrow_ids", b"narrow_ids", "offsets", b"offsets", "tick", b"tick", "world_seconds", b"world_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -985,6 +1000,7 @@ class QueryFrustumResponse(_message.Message):
     HITS_FIELD_NUMBER: _builtins.int
     INCARNATION_FIELD_NUMBER: _builtins.int
     NARROW_IDS_FIELD_NUMBER: _builtins.int
+    WORLD_SECONDS_FIELD_NUMBER: _builtins.int
     tick: _builtins.int
     offsets: _builtins.bytes
     hits: _builtins.bytes
@@ -993,6 +1009,8 @@ class QueryFrustumResponse(_message.Message):
     """Set when the request allowed it and every hit's id is below 2^32: hits are then uint32 <u4,
     half the bytes. Unset, they are uint64 <u8.
     """
+    world_seconds: _builtins.float
+    """As in QueryAabbResponse."""
     def __init__(
         self,
         *,
@@ -1001,10 +1019,11 @@ class QueryFrustumResponse(_message.Message):
         hits: _builtins.bytes = ...,
         incarnation: _builtins.int = ...,
         narrow_ids: _builtins.bool = ...,
+        world_seconds: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["hits", b"hits", "incarnation", b"incarnation", "narrow_ids", b"narrow_ids", "offsets", b"offsets", "tick", b"tick"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["hits", b"hits", "incarnation", b"incarnation", "narrow_ids", b"narrow_ids", "offsets", b"offsets", "tick", b"tick", "world_seconds", b"world_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1660,6 +1679,7 @@ class QueryNearestResponse(_message.Message):
     HITS_FIELD_NUMBER: _builtins.int
     DISTANCES_FIELD_NUMBER: _builtins.int
     NARROW_IDS_FIELD_NUMBER: _builtins.int
+    WORLD_SECONDS_FIELD_NUMBER: _builtins.int
     tick: _builtins.int
     incarnation: _builtins.int
     offsets: _builtins.bytes
@@ -1671,6 +1691,8 @@ class QueryNearestResponse(_message.Message):
     """Set when the request allowed it and every hit's id is below 2^32: hits are then uint32 <u4,
     half the bytes. Unset, they are uint64 <u8.
     """
+    world_seconds: _builtins.float
+    """As in QueryAabbResponse."""
     def __init__(
         self,
         *,
@@ -1680,10 +1702,11 @@ class QueryNearestResponse(_message.Message):
         hits: _builtins.bytes = ...,
         distances: _builtins.bytes = ...,
         narrow_ids: _builtins.bool = ...,
+        world_seconds: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["distances", b"distances", "hits", b"hits", "incarnation", b"incarnation", "narrow_ids", b"narrow_ids", "offsets", b"offsets", "tick", b"tick"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["distances", b"distances", "hits", b"hits", "incarnation", b"incarnation", "narrow_ids", b"narrow_ids", "offsets", b"offsets", "tick", b"tick", "world_seconds", b"world_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1744,6 +1767,7 @@ class CastBoxResponse(_message.Message):
     HITS_FIELD_NUMBER: _builtins.int
     FRACTIONS_FIELD_NUMBER: _builtins.int
     NARROW_IDS_FIELD_NUMBER: _builtins.int
+    WORLD_SECONDS_FIELD_NUMBER: _builtins.int
     tick: _builtins.int
     incarnation: _builtins.int
     offsets: _builtins.bytes
@@ -1755,6 +1779,8 @@ class CastBoxResponse(_message.Message):
     """Set when the request allowed it and every hit's id is below 2^32: hits are then uint32 <u4,
     half the bytes. Unset, they are uint64 <u8.
     """
+    world_seconds: _builtins.float
+    """As in QueryAabbResponse."""
     def __init__(
         self,
         *,
@@ -1764,10 +1790,11 @@ class CastBoxResponse(_message.Message):
         hits: _builtins.bytes = ...,
         fractions: _builtins.bytes = ...,
         narrow_ids: _builtins.bool = ...,
+        world_seconds: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["fractions", b"fractions", "hits", b"hits", "incarnation", b"incarnation", "narrow_ids", b"narrow_ids", "offsets", b"offsets", "tick", b"tick"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fractions", b"fractions", "hits", b"hits", "incarnation", b"incarnation", "narrow_ids", b"narrow_ids", "offsets", b"offsets", "tick", b"tick", "world_seconds", b"world_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1829,6 +1856,7 @@ class CastSphereResponse(_message.Message):
     HITS_FIELD_NUMBER: _builtins.int
     FRACTIONS_FIELD_NUMBER: _builtins.int
     NARROW_IDS_FIELD_NUMBER: _builtins.int
+    WORLD_SECONDS_FIELD_NUMBER: _builtins.int
     tick: _builtins.int
     incarnation: _builtins.int
     offsets: _builtins.bytes
@@ -1838,6 +1866,8 @@ class CastSphereResponse(_message.Message):
     """Set when the request allowed it and every hit's id is below 2^32: hits are then uint32 <u4,
     half the bytes. Unset, they are uint64 <u8.
     """
+    world_seconds: _builtins.float
+    """As in QueryAabbResponse."""
     def __init__(
         self,
         *,
@@ -1847,10 +1877,11 @@ class CastSphereResponse(_message.Message):
         hits: _builtins.bytes = ...,
         fractions: _builtins.bytes = ...,
         narrow_ids: _builtins.bool = ...,
+        world_seconds: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["fractions", b"fractions", "hits", b"hits", "incarnation", b"incarnation", "narrow_ids", b"narrow_ids", "offsets", b"offsets", "tick", b"tick"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fractions", b"fractions", "hits", b"hits", "incarnation", b"incarnation", "narrow_ids", b"narrow_ids", "offsets", b"offsets", "tick", b"tick", "world_seconds", b"world_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

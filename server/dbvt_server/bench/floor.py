@@ -91,9 +91,13 @@ class _Stepper:
         return begun.astype("<u4").tobytes() + ended.astype("<u4").tobytes() + WORK_SECONDS.pack(seconds)
 
     def query(self, boxes: bytes) -> bytes:
-        """The hits of each float32 box, as QueryAabb answers them: int64 offsets, then 32-bit ids."""
-        offsets, hits = self.broadphase.query_aabb(np.frombuffer(boxes, "<f4").reshape(-1, 6))
-        return offsets.astype("<i8").tobytes() + hits.astype("<u4").tobytes()
+        """The hits of each float32 box, as QueryAabb answers them: int64 offsets, then 32-bit ids;
+        then the seconds the dbvt call took (WORK_SECONDS), as the answer's world_seconds says."""
+        rows = np.frombuffer(boxes, "<f4").reshape(-1, 6)
+        started = time.perf_counter()
+        offsets, hits = self.broadphase.query_aabb(rows)
+        seconds = time.perf_counter() - started
+        return offsets.astype("<i8").tobytes() + hits.astype("<u4").tobytes() + WORK_SECONDS.pack(seconds)
 
 
 async def started_bare_server(workers: int, thread_name_prefix: str = "") -> tuple[grpc.aio.Server, int]:
@@ -198,7 +202,13 @@ def query_asker(boxes: np.ndarray, move_ids: np.ndarray, move_boxes: np.ndarray)
 def query_answer(answer: bytes, count: int) -> tuple[np.ndarray, np.ndarray]:
     """`query_asker`'s answer as the SDK returns it: int64 offsets and uint64 ids."""
     offsets = np.frombuffer(answer, "<i8", count + 1)
-    return offsets, np.frombuffer(answer, "<u4", offset=8 * (count + 1)).astype(np.uint64)
+    hits = np.frombuffer(answer[:len(answer) - WORK_SECONDS.size], "<u4", offset=8 * (count + 1))
+    return offsets, hits.astype(np.uint64)
+
+
+def answer_seconds(answer: bytes) -> float:
+    """The seconds the bare server's dbvt calls took, which end its answer (a step's or a query's)."""
+    return WORK_SECONDS.unpack_from(answer, len(answer) - WORK_SECONDS.size)[0]
 
 
 def floor(work_seconds: float, request_bytes: int, answer_bytes: int, rounds: int = ROUNDS) -> float:
@@ -252,18 +262,14 @@ def paired_steps(passes: Iterable[Callable[[int], object]], boxes: np.ndarray, m
             bare_step(messages[0])
             for step, message in enumerate(messages[1:], 1):
                 if len(served) % 2:
-                    bare.append(timed(lambda: bare_step(message), _work_seconds))
+                    bare.append(timed(lambda: bare_step(message), answer_seconds))
                     served.append(timed(lambda: apply_step(step), _world_seconds))
                 else:
                     served.append(timed(lambda: apply_step(step), _world_seconds))
-                    bare.append(timed(lambda: bare_step(message), _work_seconds))
+                    bare.append(timed(lambda: bare_step(message), answer_seconds))
             requests.put(None)
             list(answers)
     return served, bare
-
-
-def _work_seconds(answer: bytes) -> float:
-    return WORK_SECONDS.unpack_from(answer, len(answer) - WORK_SECONDS.size)[0]
 
 
 def _world_seconds(result) -> float:
