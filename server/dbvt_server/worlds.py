@@ -32,6 +32,15 @@ FAT_PAIRS_PER_PAIR = 4
 NO_IDS = np.frombuffer(b"", dtype=wire.IDS)
 
 
+class _CoreCall:
+    """The seconds a query set's call into the core took (World._core_call)."""
+
+    __slots__ = ("seconds",)
+
+    def __init__(self):
+        self.seconds = 0.0
+
+
 def column(arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """`arr` as a column of the wire (for `serialized`), copied only if its layout is not the wire's."""
     return np.ascontiguousarray(arr, dtype=dtype)
@@ -314,23 +323,26 @@ class World:
 
     # ---- queries ---------------------------------------------------------------------------------
     @contextlib.contextmanager
-    def _hit_limit(self, count: int):
+    def _core_call(self, count: int):
+        """Around a query set's call into the core: its seconds, as `.seconds` of what it yields (the
+        answer's world_seconds), and, past the hit limit, ResourceExhausted."""
+        call = _CoreCall()
+        started = time.perf_counter()
         try:
-            yield
+            yield call
         except HitLimit:
             raise ResourceExhausted(
                 f"the {count} queries hit more than {self.broadphase.max_hits} proxies, the most one call may return "
                 "(--max-hits-per-call); ask them in smaller calls") from None
+        call.seconds = time.perf_counter() - started
 
-    def _answer(self, request, started: float, offsets: np.ndarray, hits: np.ndarray, **columns) -> dict:
+    def _answer(self, request, call: _CoreCall, offsets: np.ndarray, hits: np.ndarray, **columns) -> dict:
         """A query's answer as its message's fields, the core's arrays as the wire's columns, for
         dbvt_client.serialized to write once, into whatever message carries it; its hits in 32 bits
-        where the request allows it and every id fits, half the bytes to send; and the seconds since
-        `started`, taken just before the core's call, as its world_seconds (they take in the copy of
-        an extra column, fractions or distances, into the wire's type)."""
-        world_seconds = time.perf_counter() - started
+        where the request allows it and every id fits, half the bytes to send; and the core call's
+        seconds as its world_seconds."""
         return dict(tick=self.tick, incarnation=self.incarnation, offsets=column(offsets, wire.OFFSETS),
-                    **id_columns(request.narrow_ids, hits=hits), world_seconds=world_seconds, **columns)
+                    **id_columns(request.narrow_ids, hits=hits), world_seconds=call.seconds, **columns)
 
     @staticmethod
     def _mask(request) -> int | None:
@@ -338,67 +350,60 @@ class World:
 
     def query_aabb(self, request: pb.QueryAabbRequest) -> dict:
         boxes = self._floats(request.boxes, (request.count, 2 * self.dims), "boxes")
-        started = time.perf_counter()
-        with self._hit_limit(request.count):
+        with self._core_call(request.count) as call:
             offsets, hits = self.broadphase.query_aabb(boxes, mask=self._mask(request),
                                                        include_sensors=request.include_sensors)
-        return self._answer(request, started, offsets, hits)
+        return self._answer(request, call, offsets, hits)
 
     def query_sphere(self, request: pb.QuerySphereRequest) -> dict:
         centers = self._floats(request.centers, (request.count, self.dims), "centers")
         radii = wire.decode(request.radii, wire.FLOATS, (request.count,), "radii")
-        started = time.perf_counter()
-        with self._hit_limit(request.count):
+        with self._core_call(request.count) as call:
             offsets, hits = self.broadphase.query_sphere(centers, radii, mask=self._mask(request),
                                                          include_sensors=request.include_sensors)
-        return self._answer(request, started, offsets, hits)
+        return self._answer(request, call, offsets, hits)
 
     def raycast(self, request: pb.RaycastRequest) -> dict:
         segments = self._floats(request.segments, (request.count, 2 * self.dims), "segments")
         first_hit = request.mode == pb.RAYCAST_MODE_FIRST_HIT
-        started = time.perf_counter()
-        with self._hit_limit(request.count):
+        with self._core_call(request.count) as call:
             offsets, hits, fractions = self.broadphase.raycast(segments, first_hit=first_hit, mask=self._mask(request),
                                                                include_sensors=request.include_sensors)
-        return self._answer(request, started, offsets, hits, fractions=column(fractions, wire.FRACTIONS))
+        return self._answer(request, call, offsets, hits, fractions=column(fractions, wire.FRACTIONS))
 
     def query_frustum(self, request: pb.QueryFrustumRequest) -> dict:
         planes = self._floats(request.planes, (request.count, request.planes_per_query, self.dims + 1), "planes")
-        started = time.perf_counter()
-        with self._hit_limit(request.count):
+        with self._core_call(request.count) as call:
             offsets, hits = self.broadphase.query_frustum(planes, mask=self._mask(request),
                                                           include_sensors=request.include_sensors)
-        return self._answer(request, started, offsets, hits)
+        return self._answer(request, call, offsets, hits)
 
     def query_nearest(self, request: pb.QueryNearestRequest) -> dict:
         points = self._floats(request.points, (request.count, self.dims), "points")
         reach = request.max_distance if request.HasField("max_distance") else math.inf
-        started = time.perf_counter()
-        with self._hit_limit(request.count):
+        with self._core_call(request.count) as call:
             offsets, hits, distances = self.broadphase.query_nearest(
                 points, request.k, reach, mask=self._mask(request), include_sensors=request.include_sensors)
-        return self._answer(request, started, offsets, hits, distances=column(distances, wire.FLOATS))
+        return self._answer(request, call, offsets, hits, distances=column(distances, wire.FLOATS))
 
     def cast_box(self, request: pb.CastBoxRequest) -> dict:
         boxes = self._floats(request.boxes, (request.count, 2 * self.dims), "boxes")
         moves = self._floats(request.displacements, (request.count, self.dims), "displacements")
-        started = time.perf_counter()
-        with self._hit_limit(request.count):
+        with self._core_call(request.count) as call:
             offsets, hits, fractions = self.broadphase.cast_box(boxes, moves, first_hit=request.first_hit,
                                                                 mask=self._mask(request),
                                                                 include_sensors=request.include_sensors)
-        return self._answer(request, started, offsets, hits, fractions=column(fractions, wire.FRACTIONS))
+        return self._answer(request, call, offsets, hits, fractions=column(fractions, wire.FRACTIONS))
 
     def cast_sphere(self, request: pb.CastSphereRequest) -> dict:
         centers = self._floats(request.centers, (request.count, self.dims), "centers")
         radii = wire.decode(request.radii, wire.FLOATS, (request.count,), "radii")
         moves = self._floats(request.displacements, (request.count, self.dims), "displacements")
-        started = time.perf_counter()
-        with self._hit_limit(request.count):
+        with self._core_call(request.count) as call:
             offsets, hits, fractions = self.broadphase.cast_sphere(centers, radii, moves, first_hit=request.first_hit,
                                                                    mask=self._mask(request),
                                                                    include_sensors=request.include_sensors)
-        return self._answer(request, started, offsets, hits, fractions=column(fractions, wire.FRACTIONS))
+        return self._answer(request, call, offsets, hits, fractions=column(fractions, wire.FRACTIONS))
 
     def pairs(self, request: pb.GetPairsRequest) -> pb.GetPairsResponse:
         return pb.GetPairsResponse(tick=self.tick, incarnation=self.incarnation,

@@ -124,18 +124,19 @@ async def started_bare_server(workers: int, thread_name_prefix: str = "") -> tup
         worlds[request[0]] = _Stepper()
         return await asyncio.get_running_loop().run_in_executor(pool, worlds[request[0]].create, request[1:])
 
-    async def step(request, context):
-        return await asyncio.get_running_loop().run_in_executor(pool, worlds[request[0]].step, request[1:])
-
-    async def query(request, context):
-        return await asyncio.get_running_loop().run_in_executor(pool, worlds[request[0]].query, request[1:])
+    def on_world(method: str):
+        """A handler running `method` of the request's world (its first byte) on the rest of it."""
+        async def handle(request, context):
+            return await asyncio.get_running_loop().run_in_executor(pool, getattr(worlds[request[0]], method),
+                                                                    request[1:])
+        return handle
 
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", -1)])
     handlers = {"Echo": grpc.stream_stream_rpc_method_handler(echo),
                 "Steps": grpc.stream_stream_rpc_method_handler(steps),
                 "Create": grpc.unary_unary_rpc_method_handler(create),
-                "Step": grpc.unary_unary_rpc_method_handler(step),
-                "Query": grpc.unary_unary_rpc_method_handler(query)}
+                "Step": grpc.unary_unary_rpc_method_handler(on_world("step")),
+                "Query": grpc.unary_unary_rpc_method_handler(on_world("query"))}
     server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("dbvt_bench.Floor", handlers)])
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
@@ -201,9 +202,9 @@ def query_asker(boxes: np.ndarray, move_ids: np.ndarray, move_boxes: np.ndarray)
 
 def query_answer(answer: bytes, count: int) -> tuple[np.ndarray, np.ndarray]:
     """`query_asker`'s answer as the SDK returns it: int64 offsets and uint64 ids."""
-    offsets = np.frombuffer(answer, "<i8", count + 1)
-    hits = np.frombuffer(answer[:len(answer) - WORK_SECONDS.size], "<u4", offset=8 * (count + 1))
-    return offsets, hits.astype(np.uint64)
+    hits_at = 8 * (count + 1)
+    hits = np.frombuffer(answer, "<u4", (len(answer) - hits_at - WORK_SECONDS.size) // 4, hits_at)
+    return np.frombuffer(answer, "<i8", count + 1), hits.astype(np.uint64)
 
 
 def answer_seconds(answer: bytes) -> float:
